@@ -1,0 +1,419 @@
+"""Kafka source and sink, with kafka-python (default) or confluent-kafka (the fast option).
+
+Partitions are assigned explicitly (no consumer-group rebalancing): instance ``i`` of ``n``
+reads partitions ``p`` with ``p % n == i``, as Flink does, so the assignment is
+deterministic and checkpointed offsets map back to the same instance.
+
+    src = KafkaSource("words", bootstrap="127.0.0.1:9092", start="earliest", bounded=True)
+    sink = KafkaSink("counts", bootstrap="127.0.0.1:9092")
+
+Security settings (``security_protocol``, ``sasl_mechanism``, ``ssl_cafile``, ...) go in
+``options`` and are passed to the client unchanged (kafka-python names; for confluent-kafka
+use librdkafka names such as ``security.protocol``).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Literal
+
+import numpy as np
+
+from rayflow.batches import brief
+from rayflow.connectors.base import SinkSpec, SinkWriter, SourceReader, SourceSpec
+from rayflow.operators.base import DeadLetter, StepContext
+
+Start = Literal["earliest", "latest", "committed"]
+Client = Literal["kafka-python", "confluent"]
+
+
+def default_bootstrap() -> str:
+    """The bootstrap address from the configuration (``RAYFLOW_KAFKA__BOOTSTRAP``)."""
+    from rayflow.config import load_config
+
+    bootstrap = load_config().kafka.bootstrap
+    if not bootstrap:
+        raise ValueError(
+            "no Kafka bootstrap address: pass bootstrap=..., set RAYFLOW_KAFKA__BOOTSTRAP, "
+            "or start the embedded broker (`rayflow kafka up`)"
+        )
+    return bootstrap
+
+
+@dataclass(frozen=True)
+class KafkaSource(SourceSpec):
+    """Read a topic.
+
+    Args:
+        topic: the topic to read.
+        bootstrap: ``host:port[,host:port]``; defaults to the configured one.
+        start: ``earliest``, ``latest``, or ``committed`` (the group's committed offsets,
+            falling back to earliest).
+        group_id: consumer group for committed offsets; required for ``committed``.
+        bounded: stop at the end offsets seen at start-up (read a pre-filled topic and end
+            the job), instead of running until stopped.
+        deserializer: bytes -> record; the raw ``bytes`` value when None.
+        client: ``kafka-python`` or ``confluent``.
+        options: extra client options (security settings and tuning), passed through.
+    """
+
+    topic: str
+    bootstrap: str | None = None
+    start: Start = "earliest"
+    group_id: str | None = None
+    bounded: bool = False
+    deserializer: Callable[[bytes], Any] | None = None
+    client: Client = "kafka-python"
+    options: dict = field(default_factory=dict)
+    commit_interval_s: float = 5.0
+
+    def build(self, ctx: StepContext, resume_state: Any = None) -> SourceReader:
+        bootstrap = self.bootstrap or default_bootstrap()
+        if self.start == "committed" and not self.group_id:
+            raise ValueError(f"KafkaSource({self.topic!r}): start='committed' needs a group_id")
+        consumer = (_ConfluentConsumer if self.client == "confluent" else _KPConsumer)(
+            bootstrap, self.group_id, self.options
+        )
+        return _KafkaReader(self, ctx, consumer, resume_state)
+
+
+class _KafkaReader(SourceReader):
+    def __init__(self, spec: KafkaSource, ctx: StepContext, consumer, resume_state):
+        self.spec, self.c = spec, consumer
+        parts = consumer.partitions(spec.topic)
+        if not parts:
+            raise ValueError(f"Kafka topic {spec.topic!r} does not exist or has no partitions")
+        self.partitions = [p for p in sorted(parts) if p % ctx.parallelism == ctx.instance]
+        self.next: dict[int, int] = {}
+        if self.partitions:
+            begin, end = consumer.watermarks(spec.topic, self.partitions)
+            if resume_state:
+                start = {int(p): int(o) for p, o in resume_state.items()}
+            elif spec.start == "latest":
+                start = end
+            elif spec.start == "committed":
+                committed = consumer.committed(spec.topic, self.partitions)
+                start = {p: committed.get(p) if committed.get(p) is not None else begin[p]
+                         for p in self.partitions}
+            else:
+                start = begin
+            self.next = {p: start.get(p, begin[p]) for p in self.partitions}
+            self.c.assign(spec.topic, self.next)
+            self.end = end if spec.bounded else None
+        else:
+            self.end = {}
+        self.last_commit = time.monotonic()
+
+    def poll(self, max_records, timeout_s):
+        if self.exhausted:
+            return None
+        if not self.partitions:
+            time.sleep(timeout_s)
+            return None
+        values, stamps, last = self.c.poll(max_records, timeout_s)
+        for p, off in last.items():
+            self.next[p] = off + 1
+        if self.spec.group_id and time.monotonic() - self.last_commit > self.spec.commit_interval_s:
+            self.commit()
+        if not values:
+            return None
+        if self.end is not None:
+            values, stamps = self._clip(values, stamps, last)
+        des = self.spec.deserializer
+        items = values if des is None else [des(v) for v in values]
+        return items, np.asarray(stamps, dtype=np.float64) / 1000.0
+
+    def _clip(self, values, stamps, last):
+        # a bounded read stops at the end offsets seen at start-up; later records are not ours
+        if all(off < self.end[p] for p, off in last.items()):
+            return values, stamps
+        keep = [i for i, (p, off) in enumerate(self.c.last_positions) if off < self.end[p]]
+        for p in last:
+            self.next[p] = min(self.next[p], self.end[p])
+        return [values[i] for i in keep], [stamps[i] for i in keep]
+
+    @property
+    def exhausted(self) -> bool:
+        return self.end is not None and all(self.next[p] >= self.end[p] for p in self.partitions)
+
+    def snapshot(self) -> dict[int, int]:
+        return dict(self.next)
+
+    def commit(self) -> None:
+        if self.spec.group_id and self.partitions:
+            self.c.commit(self.spec.topic, self.next)
+        self.last_commit = time.monotonic()
+
+    def close(self) -> None:
+        if self.spec.group_id:
+            try:
+                self.commit()
+            except Exception:  # noqa: BLE001 - closing must not mask the job's outcome
+                pass
+        self.c.close()
+
+
+# -- client adapters: the only code that knows each client's API -----------------------------
+
+class _KPConsumer:
+    def __init__(self, bootstrap: str, group_id: str | None, options: dict):
+        from kafka import KafkaConsumer
+
+        opts = dict(
+            bootstrap_servers=bootstrap,
+            group_id=group_id,
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+            fetch_max_bytes=64 * 2**20,
+            max_partition_fetch_bytes=16 * 2**20,
+            fetch_min_bytes=1,
+            fetch_max_wait_ms=5,
+            max_poll_records=100_000,
+        )
+        opts.update(options)
+        self.consumer = KafkaConsumer(**opts)
+        self.last_positions: list[tuple[int, int]] = []
+
+    def partitions(self, topic):
+        return self.consumer.partitions_for_topic(topic) or set()
+
+    def watermarks(self, topic, parts):
+        from kafka import TopicPartition
+
+        tps = [TopicPartition(topic, p) for p in parts]
+        begin = self.consumer.beginning_offsets(tps)
+        end = self.consumer.end_offsets(tps)
+        return {tp.partition: o for tp, o in begin.items()}, {tp.partition: o for tp, o in end.items()}
+
+    def committed(self, topic, parts):
+        from kafka import TopicPartition
+
+        return {p: self.consumer.committed(TopicPartition(topic, p)) for p in parts}
+
+    def assign(self, topic, offsets):
+        from kafka import TopicPartition
+
+        tps = {p: TopicPartition(topic, p) for p in offsets}
+        self.consumer.assign(list(tps.values()))
+        for p, off in offsets.items():
+            self.consumer.seek(tps[p], off)
+
+    def poll(self, max_records, timeout_s):
+        got = self.consumer.poll(timeout_ms=int(timeout_s * 1000), max_records=max_records)
+        values: list = []
+        stamps: list = []
+        last: dict[int, int] = {}
+        positions: list = []
+        for tp, recs in got.items():
+            values.extend([r.value for r in recs])
+            stamps.extend([r.timestamp for r in recs])
+            last[tp.partition] = recs[-1].offset
+            positions.extend([(tp.partition, r.offset) for r in recs])
+        self.last_positions = positions
+        return values, stamps, last
+
+    def commit(self, topic, offsets):
+        from kafka import TopicPartition
+        from kafka.structs import OffsetAndMetadata
+
+        self.consumer.commit(
+            {TopicPartition(topic, p): OffsetAndMetadata(o, "", -1) for p, o in offsets.items()}
+        )
+
+    def close(self):
+        self.consumer.close()
+
+
+class _ConfluentConsumer:
+    def __init__(self, bootstrap: str, group_id: str | None, options: dict):
+        from confluent_kafka import Consumer
+
+        conf = {
+            "bootstrap.servers": bootstrap,
+            "group.id": group_id or "rayflow-unmanaged",
+            "enable.auto.commit": False,
+            "auto.offset.reset": "earliest",
+            "fetch.wait.max.ms": 5,
+        }
+        conf.update(options)
+        self.consumer = Consumer(conf)
+        self.last_positions: list[tuple[int, int]] = []
+
+    def partitions(self, topic):
+        md = self.consumer.list_topics(topic, timeout=10)
+        t = md.topics.get(topic)
+        return set(t.partitions) if t is not None and t.error is None else set()
+
+    def watermarks(self, topic, parts):
+        from confluent_kafka import TopicPartition
+
+        begin, end = {}, {}
+        for p in parts:
+            lo, hi = self.consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
+            begin[p], end[p] = lo, hi
+        return begin, end
+
+    def committed(self, topic, parts):
+        from confluent_kafka import TopicPartition
+
+        got = self.consumer.committed([TopicPartition(topic, p) for p in parts], timeout=10)
+        return {tp.partition: (tp.offset if tp.offset >= 0 else None) for tp in got}
+
+    def assign(self, topic, offsets):
+        from confluent_kafka import TopicPartition
+
+        self.consumer.assign([TopicPartition(topic, p, o) for p, o in offsets.items()])
+
+    def poll(self, max_records, timeout_s):
+        msgs = self.consumer.consume(num_messages=max_records, timeout=timeout_s)
+        values, stamps, last, positions = [], [], {}, []
+        for m in msgs:
+            if m.error():
+                raise RuntimeError(f"Kafka consume error: {m.error()}")
+            values.append(m.value())
+            stamps.append(m.timestamp()[1])
+            last[m.partition()] = m.offset()
+            positions.append((m.partition(), m.offset()))
+        self.last_positions = positions
+        return values, stamps, last
+
+    def commit(self, topic, offsets):
+        from confluent_kafka import TopicPartition
+
+        self.consumer.commit(
+            offsets=[TopicPartition(topic, p, o) for p, o in offsets.items()], asynchronous=False
+        )
+
+    def close(self):
+        self.consumer.close()
+
+
+# -- sink ------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class KafkaSink(SinkSpec):
+    """Write records to a topic.
+
+    Args:
+        topic: the topic to write.
+        bootstrap: ``host:port[,host:port]``; defaults to the configured one.
+        serializer: record -> bytes; records must already be bytes or str when None.
+        key: record -> key bytes (None: no key, the client spreads records).
+        stamp: ``fn(record, in_time, out_time) -> record``, applied just before writing; the
+            study's jobs append inTime and outTime to each record this way.
+        max_message_bytes: larger records go to the dead-letter output instead of failing
+            the producer (Kafka's default limit is 1 MB).
+        client: ``kafka-python`` or ``confluent``.
+        options: extra producer options (security, linger, compression), passed through.
+    """
+
+    topic: str
+    bootstrap: str | None = None
+    serializer: Callable[[Any], bytes] | None = None
+    key: Callable[[Any], bytes] | None = None
+    stamp: Callable[[Any, float, float], Any] | None = None
+    max_message_bytes: int = 1_000_000
+    client: Client = "kafka-python"
+    options: dict = field(default_factory=dict)
+
+    def build(self, ctx: StepContext, resume_state: Any = None) -> SinkWriter:
+        bootstrap = self.bootstrap or default_bootstrap()
+        producer = (_ConfluentProducer if self.client == "confluent" else _KPProducer)(
+            bootstrap, self.options
+        )
+        return _KafkaWriter(self, ctx, producer)
+
+
+def _to_bytes(v: Any) -> bytes:
+    if isinstance(v, bytes):
+        return v
+    if isinstance(v, str):
+        return v.encode()
+    raise TypeError(f"KafkaSink needs bytes or str records (or a serializer), got {type(v).__name__}")
+
+
+class _KafkaWriter(SinkWriter):
+    def __init__(self, spec: KafkaSink, ctx: StepContext, producer):
+        self.spec, self.ctx, self.p = spec, ctx, producer
+
+    def write(self, items, event_times, in_time):
+        spec = self.spec
+        records = items if isinstance(items, list) else list(items)
+        if spec.stamp is not None:
+            out_time = time.time()
+            records = [spec.stamp(r, in_time, out_time) for r in records]
+        ser = spec.serializer or _to_bytes
+        values = [ser(r) for r in records]
+        keys = [spec.key(r) for r in records] if spec.key else None
+        limit = spec.max_message_bytes
+        dead = []
+        if max(map(len, values), default=0) > limit:
+            ok = [i for i, v in enumerate(values) if len(v) <= limit]
+            dead = [
+                DeadLetter(self.ctx.step_id, self.ctx.instance,
+                           f"oversize record: {len(v)} bytes > max_message_bytes={limit}",
+                           brief(records[i]), f"topic {spec.topic}")
+                for i, v in enumerate(values) if len(v) > limit
+            ]
+            values = [values[i] for i in ok]
+            keys = [keys[i] for i in ok] if keys else None
+        self.p.send_many(spec.topic, values, keys)
+        return dead
+
+    def flush(self):
+        self.p.flush()
+
+    def close(self):
+        self.p.close()
+
+
+class _KPProducer:
+    def __init__(self, bootstrap: str, options: dict):
+        from kafka import KafkaProducer
+
+        opts = dict(bootstrap_servers=bootstrap, linger_ms=5, batch_size=1 << 20,
+                    max_request_size=8 << 20, acks=1)
+        opts.update(options)
+        self.producer = KafkaProducer(**opts)
+
+    def send_many(self, topic, values, keys):
+        send = self.producer.send
+        if keys is None:
+            for v in values:
+                send(topic, v)
+        else:
+            for v, k in zip(values, keys):
+                send(topic, v, key=k)
+
+    def flush(self):
+        self.producer.flush()
+
+    def close(self):
+        self.producer.close()
+
+
+class _ConfluentProducer:
+    def __init__(self, bootstrap: str, options: dict):
+        from confluent_kafka import Producer
+
+        conf = {"bootstrap.servers": bootstrap, "linger.ms": 5, "acks": 1}
+        conf.update(options)
+        self.producer = Producer(conf)
+
+    def send_many(self, topic, values, keys):
+        produce, poll = self.producer.produce, self.producer.poll
+        for i, v in enumerate(values):
+            while True:
+                try:
+                    produce(topic, v, keys[i] if keys else None)
+                    break
+                except BufferError:  # local queue full: let delivery reports drain
+                    poll(0.05)
+        poll(0)
+
+    def flush(self):
+        self.producer.flush()
+
+    def close(self):
+        self.producer.flush()

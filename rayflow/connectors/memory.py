@@ -1,0 +1,150 @@
+"""In-memory and generated sources, and the collecting and discarding sinks.
+
+    >>> src = MemorySource([1, 2, 3])
+    >>> sink = CollectSink()
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+
+from rayflow.batches import Items, concat, num_rows
+from rayflow.connectors.base import SinkSpec, SinkWriter, SourceReader, SourceSpec
+from rayflow.operators.base import StepContext
+
+
+@dataclass(frozen=True)
+class MemorySource(SourceSpec):
+    """Records from a list (or numpy array / Arrow table), split evenly over the instances.
+
+    Instance ``i`` of ``n`` reads the ``i``-th contiguous slice, so order within an instance
+    is the input order. Event times are the time of reading.
+    """
+
+    records: Any
+
+    def build(self, ctx: StepContext, resume_state: Any = None) -> SourceReader:
+        n = num_rows(self.records)
+        lo, hi = n * ctx.instance // ctx.parallelism, n * (ctx.instance + 1) // ctx.parallelism
+        return _SliceReader(self.records[lo:hi], int(resume_state or 0))
+
+
+class _SliceReader(SourceReader):
+    def __init__(self, records: Items, pos: int):
+        self.records, self.pos, self.n = records, pos, num_rows(records)
+
+    def poll(self, max_records, timeout_s):
+        if self.pos >= self.n:
+            return None
+        lo, self.pos = self.pos, min(self.n, self.pos + max_records)
+        return self.records[lo : self.pos], None
+
+    @property
+    def exhausted(self) -> bool:
+        return self.pos >= self.n
+
+    def snapshot(self) -> int:
+        return self.pos
+
+
+@dataclass(frozen=True)
+class GeneratorSource(SourceSpec):
+    """Records made by ``make(i)`` for i = 0, 1, ... (per instance), optionally at a rate.
+
+    Args:
+        make: builds record ``i`` (a global sequence number: instance k of n makes
+            k, k + n, k + 2n, ...). With ``columnar=True`` it gets an int64 array of
+            sequence numbers and returns a whole batch (numpy/Arrow).
+        count: total records over all instances; None means unbounded (runs until stopped).
+        rate: target records/s over all instances; None means as fast as possible. Under a
+            rate each record's event time is the moment it was due, so latency includes any
+            time the pipeline held the source back.
+        columnar: see ``make``.
+    """
+
+    make: Callable[[Any], Any]
+    count: int | None = None
+    rate: float | None = None
+    columnar: bool = False
+
+    def build(self, ctx: StepContext, resume_state: Any = None) -> SourceReader:
+        return _GeneratorReader(self, ctx, int(resume_state or 0))
+
+
+class _GeneratorReader(SourceReader):
+    def __init__(self, spec: GeneratorSource, ctx: StepContext, done: int):
+        self.spec, self.k, self.n = spec, ctx.instance, ctx.parallelism
+        self.total = None
+        if spec.count is not None:
+            self.total = len(range(self.k, spec.count, self.n))
+        self.done = done
+        self.rate = spec.rate / self.n if spec.rate else None
+        self.t0 = time.time() - (done / self.rate if self.rate else 0.0)
+
+    def poll(self, max_records, timeout_s):
+        want = max_records
+        if self.total is not None:
+            want = min(want, self.total - self.done)
+        times = None
+        if self.rate:
+            now = time.time()
+            due = int((now - self.t0) * self.rate) - self.done
+            if due <= 0:
+                # sleep until the next record is due, but never past the poll timeout
+                time.sleep(min(timeout_s, (self.done + 1) / self.rate - (now - self.t0)))
+                due = int((time.time() - self.t0) * self.rate) - self.done
+                if due <= 0:
+                    return None
+            want = min(want, due)
+            times = self.t0 + (np.arange(self.done, self.done + want) + 1) / self.rate
+        if want <= 0:
+            return None
+        seq = self.k + self.n * np.arange(self.done, self.done + want, dtype=np.int64)
+        self.done += want
+        if self.spec.columnar:
+            return self.spec.make(seq), times
+        make = self.spec.make
+        return [make(i) for i in seq.tolist()], times
+
+    @property
+    def exhausted(self) -> bool:
+        return self.total is not None and self.done >= self.total
+
+    def snapshot(self) -> int:
+        return self.done
+
+
+@dataclass(frozen=True)
+class CollectSink(SinkSpec):
+    """Keeps every record in the sink instance; ``job.collect(step_id)`` fetches them."""
+
+    def build(self, ctx: StepContext, resume_state: Any = None) -> SinkWriter:
+        return _CollectWriter()
+
+
+class _CollectWriter(SinkWriter):
+    def __init__(self):
+        self.parts: list = []
+
+    def write(self, items, event_times, in_time):
+        self.parts.append(items)
+
+    def result(self) -> Items:
+        return concat(self.parts)
+
+
+@dataclass(frozen=True)
+class DiscardSink(SinkSpec):
+    """Drops every record (counts and latency are still measured by the runtime)."""
+
+    def build(self, ctx: StepContext, resume_state: Any = None) -> SinkWriter:
+        return _DiscardWriter()
+
+
+class _DiscardWriter(SinkWriter):
+    def write(self, items, event_times, in_time):
+        pass

@@ -1,0 +1,124 @@
+"""The contract between a step's logic and the runtime that hosts it.
+
+A *spec* is a small picklable description of a step, made by the user API. The runtime ships
+it to each parallel instance and calls ``spec.build(ctx)`` there to get the live *logic*. The
+logic has one hot method over a batch. Nothing here imports Ray.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+from rayflow.batches import Items, brief
+
+
+@dataclass(frozen=True)
+class StepContext:
+    """What an instance knows about itself (cf. Flink's RuntimeContext)."""
+
+    step_id: str
+    instance: int
+    parallelism: int
+    job_name: str = "rayflow"
+
+
+@dataclass(frozen=True)
+class DeadLetter:
+    """A record a step could not process, with what went wrong and where."""
+
+    step_id: str
+    instance: int
+    reason: str
+    record: Any
+    where: str = ""
+
+    def describe(self) -> str:
+        loc = f" at {self.where}" if self.where else ""
+        return f"{self.step_id}[{self.instance}]{loc}: {self.reason}: {brief(self.record)}"
+
+
+@dataclass
+class Output:
+    """What a logic returns for one input batch."""
+
+    items: Items
+    event_times: np.ndarray | None
+    dead: list[DeadLetter] = field(default_factory=list)
+
+
+class Logic:
+    """Live logic of one operator instance.
+
+    Subclasses implement :meth:`process`; the lifecycle follows PyFlink's ``open``/``close``.
+    """
+
+    def __init__(self, ctx: StepContext):
+        self.ctx = ctx
+
+    def open(self) -> None:
+        """Called once in the instance before the first batch."""
+
+    def process(self, items: Items, event_times: np.ndarray | None) -> Output:
+        """Process one batch and return the output batch (possibly empty)."""
+        raise NotImplementedError
+
+    def on_end(self) -> Output | None:
+        """Called at end of stream; may emit a final batch."""
+        return None
+
+    def snapshot(self) -> Any:
+        """State to restore from (stateless logic returns None)."""
+        return None
+
+    def close(self) -> None:
+        """Release resources."""
+
+    def dead(self, reason: str, record: Any, where: str = "") -> DeadLetter:
+        return DeadLetter(self.ctx.step_id, self.ctx.instance, reason, record, where)
+
+
+class OperatorSpec:
+    """Picklable configuration of an operator; ``build`` turns it into live logic."""
+
+    def build(self, ctx: StepContext, resume_state: Any = None) -> Logic:
+        raise NotImplementedError
+
+
+def describe_exception(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"
+
+
+def apply_each(
+    fn: Callable[[Any], Any], items: list, on_fail: Callable[[Any, BaseException], None]
+) -> tuple[list, list[int]]:
+    """``[fn(x) for x in items]``, except that a record that raises goes to ``on_fail``.
+
+    Returns the results of the records that succeeded and the positions of those that
+    failed. The common path is one tight loop; after a failure the loop resumes *after* the
+    bad record, so ``fn`` is never called twice on a record.
+    """
+    out: list = []
+    append = out.append
+    failed: list[int] = []
+    start, n = 0, len(items)
+    while start < n:
+        try:
+            for i in range(start, n):
+                append(fn(items[i]))
+            break
+        except Exception as exc:  # noqa: BLE001 - user code
+            bad = len(out) + len(failed)  # every earlier record is in out or failed
+            on_fail(items[bad], exc)
+            failed.append(bad)
+            start = bad + 1
+    return out, failed
+
+
+def drop_positions(times: np.ndarray | None, failed: list[int]) -> np.ndarray | None:
+    """``times`` without the entries at ``failed`` positions."""
+    if times is None or not failed:
+        return times
+    return np.delete(times, failed)

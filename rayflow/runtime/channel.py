@@ -1,0 +1,131 @@
+"""Push channels with byte credits: how an instance sends batches downstream.
+
+Each (downstream step, target instance) pair is a channel holding a window of in-flight
+``push`` calls. A send first waits, oldest call first, until the channel has room for the
+batch under both limits (bytes and calls): that wait is backpressure, and it is counted.
+Because an instance's own ``push`` does not return while it waits, a slow step stalls its
+producers all the way back to the sources, and memory stays bounded by the windows.
+A batch larger than the whole byte window still goes out alone, so nothing deadlocks.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import ray
+
+from rayflow.batches import Batch, EndOfStream, nbytes, partition_indices, take
+from rayflow.errors import StepError
+from rayflow.runtime.plan import OutEdge
+
+
+def unwrap(exc: BaseException) -> BaseException:
+    """The root cause inside a RayTaskError chain (a StepError, usually), so an error is
+    reported once and without the chain of Ray tracebacks around it."""
+    for _ in range(20):
+        cause = getattr(exc, "cause", None)
+        if not isinstance(cause, BaseException) or cause is exc:
+            break
+        exc = cause
+    return exc
+
+
+@dataclass
+class _Channel:
+    handle: Any
+    window: deque = field(default_factory=deque)  # (ref, nbytes)
+    bytes: int = 0
+
+
+class Emitter:
+    """Sends one instance's output to its downstream steps."""
+
+    def __init__(self, source: tuple[str, int], edges: list[OutEdge],
+                 handles: dict[str, list[Any]], max_bytes: int, max_calls: int):
+        self.source = source
+        self.max_bytes, self.max_calls = max_bytes, max_calls
+        self.edges = [
+            (e, [_Channel(handles[e.downstream][t]) for t in e.target_instances]) for e in edges
+        ]
+        self._rr = [0] * len(self.edges)
+        self.backpressure_s = 0.0
+        self.batches_out = 0
+        self.bytes_out = 0
+
+    def emit(self, batch: Batch) -> None:
+        """Send ``batch`` to every downstream step, partitioned as each edge says."""
+        if not len(batch):
+            return
+        size = None
+        for k, (edge, chans) in enumerate(self.edges):
+            kind = edge.partitioning
+            if kind == "hash" and len(chans) > 1:
+                groups = partition_indices(batch.items, edge.key_fn, len(chans))
+                for chan, idx in zip(chans, groups):
+                    if len(idx):
+                        times = None if batch.event_times is None else batch.event_times[idx]
+                        part = Batch(take(batch.items, idx), times, batch.in_time)
+                        self._send(chan, part, nbytes(part.items))
+                continue
+            if size is None:
+                size = nbytes(batch.items)
+            if kind == "broadcast":
+                for chan in chans:
+                    self._send(chan, batch, size)
+            elif kind == "rebalance" and len(chans) > 1:
+                self._send(chans[self._rr[k] % len(chans)], batch, size)
+                self._rr[k] += 1
+            else:
+                self._send(chans[0], batch, size)
+
+    def emit_eos(self) -> None:
+        """Tell every connected downstream instance that this instance is done."""
+        eos = EndOfStream(*self.source)
+        for _, chans in self.edges:
+            for chan in chans:
+                self._send(chan, eos, 0)
+
+    def drain(self) -> None:
+        """Wait for every in-flight call to finish; raise the first downstream error."""
+        for _, chans in self.edges:
+            for chan in chans:
+                while chan.window:
+                    self._complete_oldest(chan, block=True)
+
+    def inflight_bytes(self) -> int:
+        return sum(c.bytes for _, chans in self.edges for c in chans)
+
+    def _send(self, chan: _Channel, msg: Any, size: int) -> None:
+        # retire finished calls first: cheap, and surfaces downstream errors early
+        while chan.window and self._complete_oldest(chan, block=False):
+            pass
+        if chan.window and (len(chan.window) >= self.max_calls
+                            or chan.bytes + size > self.max_bytes):
+            t0 = time.perf_counter()
+            while chan.window and (len(chan.window) >= self.max_calls
+                                   or chan.bytes + size > self.max_bytes):
+                self._complete_oldest(chan, block=True)
+            self.backpressure_s += time.perf_counter() - t0
+        ref = chan.handle.push.remote(msg)
+        chan.window.append((ref, size))
+        chan.bytes += size
+        if size:
+            self.batches_out += 1
+            self.bytes_out += size
+
+    def _complete_oldest(self, chan: _Channel, block: bool) -> bool:
+        ref, size = chan.window[0]
+        if not block:
+            ready, _ = ray.wait([ref], timeout=0, fetch_local=False)
+            if not ready:
+                return False
+        try:
+            ray.get(ref)
+        except Exception as exc:  # noqa: BLE001 - re-raised as the root cause
+            raise unwrap(exc) from None
+        chan.window.popleft()
+        chan.bytes -= size
+        return True

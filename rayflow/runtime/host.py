@@ -1,0 +1,257 @@
+"""The operator-host actor: one per step instance, running a source, an operator or a sink.
+
+Methods run in two concurrency groups: ``data`` (one thread: the source loop, or ``push``
+calls in arrival order) and ``control`` (status, stop, results), so a host that is blocked
+by backpressure still answers the job. Actors reserve ``stream.actor_num_cpus`` CPUs
+(default 0): a stream's steps mostly wait on each other and on I/O, and with 1 CPU each a
+graph larger than the core count would never be scheduled.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from typing import Any
+
+import ray
+
+from rayflow.batches import Batch, EndOfStream, brief, num_rows
+from rayflow.config import StreamOptions
+from rayflow.connectors.base import SinkSpec
+from rayflow.dataflow import Step
+from rayflow.errors import StepError
+from rayflow.metrics import LatencyRecorder, StepCounters
+from rayflow.operators.base import DeadLetter, StepContext, describe_exception
+from rayflow.runtime.channel import Emitter, unwrap
+from rayflow.runtime.plan import OutEdge
+
+MAX_KEPT_DEAD_LETTERS = 10_000
+
+
+@ray.remote(concurrency_groups={"data": 1, "control": 2})
+class StepHost:
+    """Hosts one instance of one step."""
+
+    def __init__(self, step: Step, ctx: StepContext, options: StreamOptions,
+                 dead_letter_sink: SinkSpec | None = None, resume_state: Any = None):
+        self.step, self.ctx = step, ctx
+        self.opts = options.model_copy(update={
+            k: v for k, v in step.options.items() if k in StreamOptions.model_fields
+        })
+        self.on_error = step.on_error or self.opts.on_error
+        self.counters = StepCounters()
+        self.latency = LatencyRecorder(self.opts.latency_sample_every)
+        self.kept_dead: list[DeadLetter] = []
+        self._dead_writer = dead_letter_sink.build(ctx) if dead_letter_sink else None
+        self._stop = threading.Event()
+        self._done = threading.Event()
+        self._error: BaseException | None = None
+        self._eos_left = 0
+        self.emitter: Emitter | None = None
+        self._ray_metrics = _RayMetrics(ctx)
+        if step.kind == "source":
+            self.reader = step.spec.build(ctx, resume_state)
+        elif step.kind == "sink":
+            self.writer = step.spec.build(ctx, resume_state)
+        else:
+            self.logic = step.spec.build(ctx, resume_state)
+            self.logic.open()
+
+    # -- wiring --------------------------------------------------------------------------
+    def connect(self, edges: list[OutEdge], handles: dict[str, list[Any]], expected_eos: int):
+        self.emitter = Emitter((self.ctx.step_id, self.ctx.instance), edges, handles,
+                               self.opts.channel_bytes, self.opts.channel_calls)
+        self._eos_left = expected_eos
+        return True
+
+    # -- data path -----------------------------------------------------------------------
+    @ray.method(concurrency_group="data")
+    def run(self) -> dict:
+        """The source loop: poll, stamp inTime, push; then end-of-stream. Sources only."""
+        reader, emitter, c = self.reader, self.emitter, self.counters
+        batch_size, linger_s = self.opts.batch_size, self.opts.linger_ms / 1000.0
+        try:
+            while not self._stop.is_set():
+                t0 = time.perf_counter()
+                got = reader.poll(batch_size, linger_s)
+                if got is None:
+                    if reader.exhausted:
+                        break
+                    continue
+                items, times = got
+                n = num_rows(items)
+                c.records_in += n
+                c.records_out += n
+                c.batches_in += 1
+                emitter.emit(Batch(items, times, time.time()))
+                c.busy_s += time.perf_counter() - t0
+                self._ray_metrics.batch(n)
+            emitter.emit_eos()
+            emitter.drain()
+        except BaseException as exc:
+            self._fail(exc)
+            raise self._error from None
+        finally:
+            self._sync_emitter()
+            reader.close()
+            self._done.set()
+        return self.counters.as_dict()
+
+    @ray.method(concurrency_group="data")
+    def push(self, msg: Any) -> None:
+        if self._error is not None:
+            raise self._error
+        try:
+            if isinstance(msg, EndOfStream):
+                self._on_eos()
+            else:
+                self._on_batch(msg)
+        except BaseException as exc:
+            self._fail(exc)
+            raise self._error from None
+
+    def _on_batch(self, batch: Batch) -> None:
+        c = self.counters
+        t0 = time.perf_counter()
+        n = len(batch)
+        c.records_in += n
+        c.batches_in += 1
+        if self.step.kind == "sink":
+            dead = self.writer.write(batch.items, batch.event_times, batch.in_time)
+            out_time = time.time()
+            c.first_in_time = min(c.first_in_time, batch.in_time)
+            c.last_out_time = out_time
+            self.latency.record(batch.event_times, out_time, n, batch.in_time)
+            if dead:
+                self._dead_letters(dead, batch.items)
+            c.records_out += n - len(dead or ())
+        else:
+            out = self.logic.process(batch.items, batch.event_times)
+            if out.dead:
+                self._dead_letters(out.dead, batch.items)
+            m = num_rows(out.items)
+            c.records_out += m
+            if m:
+                self.emitter.emit(Batch(out.items, out.event_times, batch.in_time))
+        c.busy_s += time.perf_counter() - t0
+        self._ray_metrics.batch(n)
+
+    def _on_eos(self) -> None:
+        self._eos_left -= 1
+        if self._eos_left > 0:
+            return
+        if self.step.kind == "sink":
+            self.writer.flush()
+            self.writer.close()
+        else:
+            out = self.logic.on_end()
+            if out is not None and num_rows(out.items):
+                self.counters.records_out += num_rows(out.items)
+                self.emitter.emit(Batch(out.items, out.event_times, time.time()))
+            self.logic.close()
+            self.emitter.emit_eos()
+            self.emitter.drain()
+        if self._dead_writer is not None:
+            self._dead_writer.flush()
+        self._sync_emitter()
+        self._done.set()
+
+    def _dead_letters(self, dead: list[DeadLetter], batch_items: Any) -> None:
+        if self.on_error == "raise":
+            d = dead[0]
+            raise StepError(d.step_id, d.instance, brief(d.record), d.reason)
+        self.counters.dead_letters += len(dead)
+        room = MAX_KEPT_DEAD_LETTERS - len(self.kept_dead)
+        if room > 0:
+            self.kept_dead.extend(dead[:room])
+        if self._dead_writer is not None:
+            self._dead_writer.write([_dead_json(d) for d in dead], None, time.time())
+
+    def _fail(self, exc: BaseException) -> None:
+        exc = unwrap(exc)
+        if not isinstance(exc, StepError):
+            exc = StepError(self.ctx.step_id, self.ctx.instance, "-", describe_exception(exc))
+        self._error = exc
+        self._done.set()
+
+    def _sync_emitter(self) -> None:
+        if self.emitter is not None:
+            self.counters.backpressure_s = self.emitter.backpressure_s
+            self.counters.batches_out = self.emitter.batches_out
+            self.counters.bytes_out = self.emitter.bytes_out
+
+    # -- control -------------------------------------------------------------------------
+    @ray.method(concurrency_group="control")
+    def stop(self) -> None:
+        """Ask a source to end its stream (the graph then drains and finishes)."""
+        self._stop.set()
+
+    @ray.method(concurrency_group="control")
+    def status(self) -> dict:
+        self._sync_emitter()
+        return {
+            "step_id": self.ctx.step_id,
+            "instance": self.ctx.instance,
+            "done": self._done.is_set(),
+            "error": self._error,
+            "counters": self.counters.as_dict(),
+            "inflight_bytes": self.emitter.inflight_bytes() if self.emitter else 0,
+        }
+
+    @ray.method(concurrency_group="control")
+    def wait_done(self, timeout_s: float | None = None) -> bool:
+        return self._done.wait(timeout_s)
+
+    @ray.method(concurrency_group="control")
+    def final(self) -> dict:
+        """Everything the driver keeps after the run."""
+        self._sync_emitter()
+        return {
+            "counters": self.counters.as_dict(),
+            "latency": self.latency.samples(),
+            "dead_letters": list(self.kept_dead),
+            "result": self.writer.result() if self.step.kind == "sink" else None,
+            "error": self._error,
+        }
+
+    @ray.method(concurrency_group="control")
+    def memory(self) -> dict:
+        import psutil
+
+        mem = psutil.Process().memory_full_info()
+        return {"rss": mem.rss, "uss": mem.uss}
+
+
+def _dead_json(d: DeadLetter) -> bytes:
+    return json.dumps({"step_id": d.step_id, "instance": d.instance, "reason": d.reason,
+                       "where": d.where, "record": brief(d.record, 2000)}).encode()
+
+
+class _RayMetrics:
+    """Counters exported through ``ray.util.metrics`` (shown by the Ray dashboard)."""
+
+    def __init__(self, ctx: StepContext):
+        self.tags = {"step_id": ctx.step_id, "instance": str(ctx.instance)}
+        try:
+            from ray.util.metrics import Counter
+
+            keys = ("step_id", "instance")
+            self.records = Counter("rayflow_records", "records processed by a step", keys)
+            self.batches = Counter("rayflow_batches", "batches processed by a step", keys)
+        except Exception:  # noqa: BLE001 - metrics are optional
+            self.records = None
+        self._pending = 0
+        self._pending_batches = 0
+        self._last = time.monotonic()
+
+    def batch(self, n: int) -> None:
+        # exporting per batch costs more than the batch on tiny ones: aggregate for 1 s
+        self._pending += n
+        self._pending_batches += 1
+        now = time.monotonic()
+        if self.records is not None and now - self._last > 1.0:
+            self.records.inc(self._pending, self.tags)
+            self.batches.inc(self._pending_batches, self.tags)
+            self._pending = self._pending_batches = 0
+            self._last = now

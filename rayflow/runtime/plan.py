@@ -1,0 +1,95 @@
+"""From the logical graph to physical instances and channels. Pure: no Ray.
+
+Each step becomes ``parallelism`` instances. An edge from step U (m instances) into step D
+(n instances) connects instance ``u`` of U to:
+
+- ``forward`` with m == n: instance ``u`` of D only (one-to-one, order kept);
+- ``forward`` with m != n: all of D, round-robin by batch (Flink does the same: "rebalance");
+- ``rebalance``: all of D, round-robin by batch;
+- ``hash``: all of D, each record to ``stable_hash(key) % n``;
+- ``broadcast``: all of D, every batch to every instance.
+
+Each instance of D expects one end-of-stream marker per connected upstream instance.
+
+    >>> from rayflow.dataflow import Dataflow
+    >>> from rayflow.connectors.memory import MemorySource, CollectSink
+    >>> f = Dataflow("p"); f.source("s", MemorySource([1]), 2).map("m", str, parallelism=3).sink("k", CollectSink())
+    >>> plan = make_plan(f)
+    >>> plan.expected_eos[("m", 0)], plan.outputs[("s", 0)][0].targets
+    (2, ['m'])
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from rayflow.dataflow import Dataflow, Partitioning
+
+
+@dataclass(frozen=True)
+class OutEdge:
+    """Where one upstream instance sends its output for one downstream step."""
+
+    downstream: str
+    partitioning: Partitioning
+    target_instances: tuple[int, ...]
+    key_fn: Callable[[Any], Any] | None = None
+
+    @property
+    def targets(self) -> list[str]:
+        return [self.downstream]
+
+
+@dataclass
+class Plan:
+    order: list[str]  # step ids, sources first (topological)
+    parallelism: dict[str, int]
+    outputs: dict[tuple[str, int], list[OutEdge]] = field(default_factory=dict)
+    expected_eos: dict[tuple[str, int], int] = field(default_factory=dict)
+
+    def instances(self):
+        for step_id in self.order:
+            for i in range(self.parallelism[step_id]):
+                yield step_id, i
+
+
+def make_plan(flow: Dataflow) -> Plan:
+    flow.validate()
+    steps = {s.step_id: s for s in flow.steps}
+    order = _topological(flow)
+    par = {s: steps[s].parallelism for s in order}
+    plan = Plan(order, par)
+    for key in plan.instances():
+        plan.outputs[key] = []
+        plan.expected_eos[key] = 0
+    for step in flow.steps:
+        n = step.parallelism
+        for edge in step.inputs:
+            m = par[edge.upstream]
+            kind = edge.partitioning
+            if kind == "forward" and m != n:
+                kind = "rebalance"
+            for u in range(m):
+                targets = (u,) if kind == "forward" else tuple(range(n))
+                plan.outputs[(edge.upstream, u)].append(
+                    OutEdge(step.step_id, kind, targets, edge.key_fn)
+                )
+                for t in targets:
+                    plan.expected_eos[(step.step_id, t)] += 1
+    return plan
+
+
+def _topological(flow: Dataflow) -> list[str]:
+    done: list[str] = []
+    seen: set[str] = set()
+    pending = list(flow.steps)
+    while pending:
+        ready = [s for s in pending if all(e.upstream in seen for e in s.inputs)]
+        if not ready:
+            raise ValueError(f"flow {flow.name!r} has a cycle among {[s.step_id for s in pending]}")
+        for s in ready:
+            done.append(s.step_id)
+            seen.add(s.step_id)
+        pending = [s for s in pending if s.step_id not in seen]
+    return done

@@ -1,0 +1,51 @@
+"""Operator logic without Ray: exact outputs, event-time propagation, dead letters."""
+
+import numpy as np
+
+from rayflow.operators.base import StepContext, apply_each
+from rayflow.operators.stateless import Filter, FlatMap, Map, MapBatches
+
+CTX = StepContext("s", 2, 4)
+
+
+def test_apply_each_calls_fn_once_per_record_and_reports_failures():
+    calls = []
+
+    def fn(x):
+        calls.append(x)
+        return 10 // x
+
+    failures = []
+    out, failed = apply_each(fn, [1, 0, 2, 0, 5], lambda r, e: failures.append(r))
+    assert out == [10, 5, 2]
+    assert failed == [1, 3]
+    assert calls == [1, 0, 2, 0, 5]
+    assert failures == [0, 0]
+
+
+def test_map_keeps_event_times_of_surviving_records():
+    out = Map(lambda x: 10 // x).build(CTX).process([1, 0, 5], np.array([1.0, 2.0, 3.0]))
+    assert out.items == [10, 2]
+    assert out.event_times.tolist() == [1.0, 3.0]
+    assert len(out.dead) == 1
+    d = out.dead[0]
+    assert (d.step_id, d.instance, d.record) == ("s", 2, 0)
+    assert "ZeroDivisionError" in d.reason
+
+
+def test_filter_and_flat_map_match_python():
+    data = ["a b c", "", "d e", "f"]
+    f = Filter(lambda s: len(s) > 1).build(CTX).process(data, np.arange(4.0))
+    assert f.items == [s for s in data if len(s) > 1]
+    assert f.event_times.tolist() == [0.0, 2.0]
+    fm = FlatMap(str.split).build(CTX).process(data, np.arange(4.0))
+    assert fm.items == [w for s in data for w in s.split()]
+    assert fm.event_times.tolist() == [0, 0, 0, 2, 2, 3]
+
+
+def test_map_batches_numpy_and_failure_is_one_dead_letter():
+    logic = MapBatches(lambda b: b * 2).build(CTX)
+    out = logic.process(np.arange(5), None)
+    assert out.items.tolist() == [0, 2, 4, 6, 8]
+    bad = MapBatches(lambda b: b.nope).build(CTX).process(np.arange(3), None)
+    assert len(bad.items) == 0 and len(bad.dead) == 1 and bad.dead[0].where == "batch"

@@ -1,0 +1,168 @@
+"""End-to-end flows on a real local Ray: exact outputs, partitioning, errors, dead letters,
+backpressure and clean shutdown."""
+
+import time
+from collections import Counter
+
+import numpy as np
+import pytest
+
+import rayflow as rf
+from rayflow.errors import StepError
+
+
+def _run(flow, **stream):
+    return flow.run(stream=stream or {}, timeout_s=120)
+
+
+def test_map_filter_flat_map_exact_output(ray_session):
+    lines = [f"w{i % 7} w{i % 3} x" for i in range(3000)]
+    f = rf.Dataflow("exact")
+    (f.source("in", rf.MemorySource(lines))
+      .flat_map("split", str.split)
+      .filter("no_x", lambda w: w != "x")
+      .map("upper", str.upper)
+      .sink("out", rf.CollectSink()))
+    job = _run(f, batch_size=256)
+    expected = [w.upper() for line in lines for w in line.split() if w != "x"]
+    assert job.collect("out") == expected  # one instance per step: order is kept
+    m = job.metrics()
+    assert m["split"]["records_in"] == 3000 and m["split"]["records_out"] == 9000
+    assert m["out"]["records_in"] == len(expected)
+    assert m["in"]["batches_out"] == -(-3000 // 256)
+    assert job.status() == "FINISHED"
+
+
+def test_key_by_sends_equal_keys_to_one_instance(ray_session):
+    words = [f"k{i % 37}" for i in range(5000)]
+    f = rf.Dataflow("keyed")
+    (f.source("in", rf.MemorySource(words), parallelism=2)
+      .key_by(lambda w: w)
+      .apply("tag", _TagInstance(), parallelism=3)
+      .sink("out", rf.CollectSink(), parallelism=3))
+    job = _run(f, batch_size=100)
+    out = job.collect("out")
+    assert Counter(w for w, _ in out) == Counter(words)
+    owners = {}
+    for w, inst in out:
+        assert owners.setdefault(w, inst) == inst
+    assert len(set(owners.values())) == 3
+
+
+class _TagInstance(rf.dataflow.OperatorSpec):
+    """Tags each record with the index of the instance that processed it."""
+
+    def build(self, ctx, resume_state=None):
+        from rayflow.operators.base import Logic, Output
+
+        class L(Logic):
+            def process(self, items, times):
+                return Output([(x, self.ctx.instance) for x in items], times)
+
+        return L(ctx)
+
+
+def test_rebalance_and_numpy_batches(ray_session):
+    f = rf.Dataflow("np")
+    (f.source("in", rf.GeneratorSource(lambda seq: seq, count=100_000, columnar=True))
+      .rebalance()
+      .map_batches("sq", lambda b: b * b, parallelism=2)
+      .sink("out", rf.CollectSink()))
+    job = _run(f, batch_size=5000)
+    out = np.sort(job.collect("out"))
+    assert np.array_equal(out, np.arange(100_000) ** 2)
+    assert job.latency()["samples"] > 0
+
+
+def test_user_error_names_step_instance_and_record(ray_session):
+    f = rf.Dataflow("boom")
+    (f.source("in", rf.MemorySource(list(range(100))))
+      .map("div", lambda x: 1 // (x - 42))
+      .sink("out", rf.CollectSink()))
+    with pytest.raises(StepError) as info:
+        _run(f, batch_size=10)
+    err = info.value
+    assert (err.step_id, err.instance, err.record) == ("div", 0, "42")
+    assert "ZeroDivisionError" in err.reason
+    assert "step 'div' instance 0 failed on record 42" in str(err)
+
+
+def test_dead_letters_are_routed_and_counted(ray_session):
+    f = rf.Dataflow("dlq")
+    data = [str(i) if i % 10 else "bad" for i in range(1000)]
+    (f.source("in", rf.MemorySource(data))
+      .map("parse", int, on_error="dead_letter")
+      .sink("out", rf.CollectSink()))
+    job = _run(f, batch_size=64)
+    assert job.collect("out") == [int(x) for x in data if x != "bad"]
+    dead = job.dead_letters()
+    assert len(dead) == 100 == job.metrics()["parse"]["dead_letters"]
+    assert all(d.step_id == "parse" and d.record == "bad" and "ValueError" in d.reason
+               for d in dead)
+
+
+class _SlowSink(rf.connectors.base.SinkSpec):
+    def build(self, ctx, resume_state=None):
+        from rayflow.connectors.base import SinkWriter
+
+        class W(SinkWriter):
+            def write(self, items, times, in_time):
+                time.sleep(0.05)
+
+        return W()
+
+
+def test_slow_sink_backpressures_the_source(ray_session):
+    """The source cannot run ahead of a slow sink by more than the channel windows."""
+    batch = 1000
+    payload = b"x" * 1000  # ~1 MB per batch
+    f = rf.Dataflow("bp")
+    (f.source("in", rf.GeneratorSource(lambda i: payload, count=200 * batch))
+      .map("id", lambda x: x)
+      .sink("out", _SlowSink()))
+    job = rf.run(f, background=True,
+                 stream={"batch_size": batch, "channel_bytes": 4 * 2**20, "channel_calls": 64})
+    ray = ray_session
+    src = job.hosts[("in", 0)]
+    sink = job.hosts[("out", 0)]
+    max_ahead = 0
+    max_inflight = 0
+    for _ in range(20):
+        time.sleep(0.1)
+        s_src, s_sink = ray.get([src.status.remote(), sink.status.remote()])
+        ahead = s_src["counters"]["records_out"] - s_sink["counters"]["records_in"]
+        max_ahead = max(max_ahead, ahead)
+        max_inflight = max(max_inflight, s_src["inflight_bytes"])
+    job.stop()
+    # two channels of <= 4 MB (about 4 batches each) plus the batch in each host's hands
+    assert max_ahead <= 12 * batch
+    assert max_inflight <= 4 * 2**20 + batch * 1100
+    assert job.metrics()["in"]["backpressure_s"] > 0.5
+    assert job.status() == "STOPPED"
+
+
+def test_unbounded_source_runs_until_stopped_and_leaves_no_actors(ray_session):
+    f = rf.Dataflow("forever")
+    f.source("in", rf.GeneratorSource(lambda i: i, rate=2000)).sink("out", rf.CollectSink())
+    job = rf.run(f, background=True)
+    handles = list(job.hosts.values())
+    time.sleep(1.5)
+    assert job.status() == "RUNNING"
+    live = job.metrics()
+    assert live["out"]["records_in"] > 0
+    job.stop()
+    out = job.collect("out")
+    assert out == list(range(len(out))) and len(out) >= 1000
+    for h in handles:  # every host actor is gone
+        with pytest.raises(ray_session.exceptions.RayActorError):
+            ray_session.get(h.status.remote(), timeout=30)
+    lat = job.latency()
+    assert lat["samples"] > 0 and lat["p50_ms"] < 1000
+
+
+def test_missing_kafka_topic_fails_fast_with_its_name(ray_session, kafka_broker):
+    f = rf.Dataflow("nokafka")
+    f.source("in", rf.KafkaSource("no-such-topic", bootstrap=kafka_broker.bootstrap)).sink(
+        "out", rf.CollectSink())
+    with pytest.raises(Exception, match="no-such-topic"):
+        _run(f)
