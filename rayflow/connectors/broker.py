@@ -58,6 +58,15 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def _port_free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
 def wait_until_ready(bootstrap: str, timeout_s: float = 20.0) -> None:
     """Block until a Kafka client gets cluster metadata from ``bootstrap``."""
     from kafka import KafkaAdminClient
@@ -107,6 +116,8 @@ class EmbeddedBroker:
         """Start the broker and wait until it answers; raises BrokerError otherwise."""
         if self.port is None:
             self.port = free_port()
+        elif not _port_free(self.port):
+            raise BrokerError(f"port {self.port} on 127.0.0.1 is already in use")
         url = f"tcp://127.0.0.1:{self.port}"
         out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL  # noqa: SIM115
         self._proc = subprocess.Popen(
@@ -118,6 +129,8 @@ class EmbeddedBroker:
         )
         try:
             wait_until_ready(self.bootstrap, self.timeout_s)
+            if self._proc.poll() is not None:
+                raise BrokerError("exited")
         except BrokerError:
             code = self._proc.poll()
             self.stop()

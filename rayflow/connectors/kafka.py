@@ -88,6 +88,8 @@ class _KafkaReader(SourceReader):
         self.next: dict[int, int] = {}
         if self.partitions:
             begin, end = consumer.watermarks(spec.topic, self.partitions)
+            if spec.bounded or spec.start == "latest":
+                end = self._true_end(begin, end)
             if resume_state:
                 start = {int(p): int(o) for p, o in resume_state.items()}
             elif spec.start == "latest":
@@ -104,6 +106,27 @@ class _KafkaReader(SourceReader):
         else:
             self.end = {}
         self.last_commit = time.monotonic()
+
+    def _true_end(self, begin: dict[int, int], end: dict[int, int]) -> dict[int, int]:
+        """End offsets, confirmed by reading the last record batch of each partition.
+
+        Some brokers (Tansu 0.x, the embedded default) answer ListOffsets(latest) with the
+        last *batch's* base offset + 1 instead of the last record's offset + 1. Reading from
+        that offset returns the rest of the batch, whose last offset is the true end.
+        """
+        probe = {p: end[p] - 1 for p in self.partitions if end[p] > begin[p]}
+        if not probe:
+            return end
+        self.c.assign(self.spec.topic, probe)
+        true_end = dict(end)
+        idle_polls, deadline = 0, time.monotonic() + 30
+        while idle_polls < 2 and time.monotonic() < deadline:
+            values, _, last = self.c.poll(1_000_000, 0.2)
+            for p, off in last.items():
+                true_end[p] = max(true_end[p], off + 1)
+            seen_all = all(true_end[p] > probe[p] for p in probe)
+            idle_polls = idle_polls + 1 if (not values and seen_all) else 0
+        return true_end
 
     def poll(self, max_records, timeout_s):
         if self.exhausted:
@@ -417,3 +440,69 @@ class _ConfluentProducer:
 
     def close(self):
         self.producer.flush()
+
+
+# -- admin helpers for jobs, tests and benchmarks --------------------------------------------
+
+def create_topic(bootstrap: str, name: str, partitions: int = 1, exist_ok: bool = True,
+                 options: dict | None = None) -> None:
+    """Create ``name`` with ``partitions`` partitions (replication 1)."""
+    from kafka.admin import KafkaAdminClient, NewTopic
+    from kafka.errors import TopicAlreadyExistsError
+
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap, **(options or {}))
+    try:
+        admin.create_topics([NewTopic(name, partitions, 1)])
+    except TopicAlreadyExistsError:
+        if not exist_ok:
+            raise
+    finally:
+        admin.close()
+
+
+def produce(bootstrap: str, topic: str, values, partitions: int = 1,
+            client: Client = "kafka-python", options: dict | None = None) -> int:
+    """Write ``values`` (bytes) round-robin over ``partitions``; return how many."""
+    n = 0
+    if client == "confluent":
+        from confluent_kafka import Producer
+
+        p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, **(options or {})})
+        for v in values:
+            while True:
+                try:
+                    p.produce(topic, v, partition=n % partitions)
+                    break
+                except BufferError:
+                    p.poll(0.05)
+            n += 1
+        p.flush()
+        return n
+    from kafka import KafkaProducer
+
+    p = KafkaProducer(bootstrap_servers=bootstrap, linger_ms=20, batch_size=1 << 20,
+                      **(options or {}))
+    for v in values:
+        p.send(topic, v, partition=n % partitions)
+        n += 1
+    p.flush()
+    p.close()
+    return n
+
+
+def count_records(bootstrap: str, topic: str, isolation: str = "read_uncommitted") -> int:
+    """Records in ``topic`` now (read to the end; for checks, not for big topics)."""
+    from kafka import KafkaConsumer, TopicPartition
+
+    c = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False,
+                      isolation_level=isolation, auto_offset_reset="earliest")
+    parts = c.partitions_for_topic(topic) or set()
+    c.assign([TopicPartition(topic, p) for p in parts])
+    n, idle = 0, 0
+    while idle < 3:
+        got = c.poll(300)
+        k = sum(len(r) for r in got.values())
+        n += k
+        idle = 0 if k else idle + 1
+    c.close()
+    return n
