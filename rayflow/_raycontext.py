@@ -9,6 +9,7 @@ so it is set here, once, for every entry point.
 from __future__ import annotations
 
 import os
+import sys
 from typing import Any
 
 os.environ.setdefault("RAY_AUTH_MODE", "token")
@@ -32,7 +33,16 @@ def ensure_ray(address: str | None = None, num_cpus: int | None = None, **kwargs
     kwargs.setdefault("ignore_reinit_error", True)
     if address is None:
         kwargs.setdefault("include_dashboard", False)
-        ray.init(address="local", num_cpus=num_cpus, **kwargs)
+        # Workers of the local instance run on this machine: give them the driver's import
+        # path, so functions from a script's sibling modules (not installed) unpickle there.
+        runtime_env = dict(kwargs.pop("runtime_env", None) or {})
+        env_vars = dict(runtime_env.get("env_vars", {}))
+        paths = [p for p in sys.path if p and os.path.isdir(p)]
+        if os.environ.get("PYTHONPATH"):
+            paths.append(os.environ["PYTHONPATH"])
+        env_vars.setdefault("PYTHONPATH", os.pathsep.join(paths))
+        runtime_env["env_vars"] = env_vars
+        ray.init(address="local", num_cpus=num_cpus, runtime_env=runtime_env, **kwargs)
     else:
         kwargs.pop("include_dashboard", None)
         ray.init(address=address, **kwargs)

@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import sys
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 

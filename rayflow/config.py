@@ -50,7 +50,7 @@ class StreamOptions(BaseModel):
     """Streaming runtime defaults; each can be overridden per step."""
 
     model_config = _FROZEN
-    batch_size: int = Field(8192, gt=0, description="records per source batch, at most")
+    batch_size: int = Field(16384, gt=0, description="records per source batch, at most")
     linger_ms: float = Field(5.0, ge=0, description="flush a partial batch after this long")
     channel_bytes: int = Field(32 * 1024 * 1024, gt=0, description="in-flight bytes per channel")
     channel_calls: int = Field(16, gt=0, description="in-flight batches per channel")

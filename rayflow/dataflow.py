@@ -11,13 +11,14 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Literal
+from typing import Any, Literal
 
 from rayflow.connectors.base import SinkSpec, SourceSpec
 from rayflow.errors import ConfigError
 from rayflow.operators.base import OperatorSpec
-from rayflow.operators.stateless import FlatMap, Filter, Inspect, Map, MapBatches
+from rayflow.operators.stateless import Filter, FlatMap, Inspect, Map, MapBatches
 
 Partitioning = Literal["forward", "rebalance", "hash", "broadcast"]
 OnError = Literal["raise", "dead_letter"]

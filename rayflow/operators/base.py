@@ -7,8 +7,10 @@ logic has one hot method over a batch. Nothing here imports Ray.
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -106,8 +108,8 @@ def apply_each(
     start, n = 0, len(items)
     while start < n:
         try:
-            for i in range(start, n):
-                append(fn(items[i]))
+            for x in (items if start == 0 else itertools.islice(items, start, None)):
+                append(fn(x))
             break
         except Exception as exc:  # noqa: BLE001 - user code
             bad = len(out) + len(failed)  # every earlier record is in out or failed

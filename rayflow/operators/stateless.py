@@ -6,8 +6,9 @@ Item operators are thin shims over one batch loop; ``map_batches`` hands the who
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 

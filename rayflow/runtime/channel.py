@@ -18,7 +18,6 @@ from typing import Any
 import ray
 
 from rayflow.batches import Batch, EndOfStream, nbytes, partition_indices, take
-from rayflow.errors import StepError
 from rayflow.runtime.plan import OutEdge
 
 
@@ -94,6 +93,17 @@ class Emitter:
             for chan in chans:
                 while chan.window:
                     self._complete_oldest(chan, block=True)
+
+    def idle(self) -> bool:
+        """True when no call is in flight on any channel (finished ones are retired first):
+        then a partial batch may go at once without hurting throughput."""
+        for _, chans in self.edges:
+            for chan in chans:
+                while chan.window and self._complete_oldest(chan, block=False):
+                    pass
+                if chan.window:
+                    return False
+        return True
 
     def inflight_bytes(self) -> int:
         return sum(c.bytes for _, chans in self.edges for c in chans)

@@ -14,9 +14,10 @@ import threading
 import time
 from typing import Any
 
+import numpy as np
 import ray
 
-from rayflow.batches import Batch, EndOfStream, brief, num_rows
+from rayflow.batches import Batch, EndOfStream, brief, concat, num_rows
 from rayflow.config import StreamOptions
 from rayflow.connectors.base import SinkSpec
 from rayflow.dataflow import Step
@@ -68,25 +69,43 @@ class StepHost:
     # -- data path -----------------------------------------------------------------------
     @ray.method(concurrency_group="data")
     def run(self) -> dict:
-        """The source loop: poll, stamp inTime, push; then end-of-stream. Sources only."""
+        """The source loop: poll, stamp inTime, push; then end-of-stream. Sources only.
+
+        Batching adapts to load, as Flink's buffer timeout does: a batch goes out when it is
+        full, when ``linger_ms`` has passed since its first record, or at once when nothing
+        is in flight downstream. Low rates get low latency; high rates get big batches.
+        """
         reader, emitter, c = self.reader, self.emitter, self.counters
         batch_size, linger_s = self.opts.batch_size, self.opts.linger_ms / 1000.0
+        parts: list = []
+        times: list = []
+        pending = 0
+        first = 0.0
         try:
             while not self._stop.is_set():
                 t0 = time.perf_counter()
-                got = reader.poll(batch_size, linger_s)
-                if got is None:
-                    if reader.exhausted:
-                        break
-                    continue
-                items, times = got
-                n = num_rows(items)
-                c.records_in += n
-                c.records_out += n
-                c.batches_in += 1
-                emitter.emit(Batch(items, times, time.time()))
+                wait = linger_s if not pending else max(0.0, first + linger_s - time.perf_counter())
+                got = reader.poll(batch_size - pending, wait)
+                if got is not None:
+                    items, ev = got
+                    n = num_rows(items)
+                    if n:
+                        if not pending:
+                            first, in_time = time.perf_counter(), time.time()
+                        parts.append(items)
+                        times.append(ev)
+                        pending += n
+                        c.records_in += n
+                        c.batches_in += 1
+                if pending and (pending >= batch_size or time.perf_counter() - first >= linger_s
+                                or emitter.idle()):
+                    self._emit_parts(parts, times, in_time)
+                    parts, times, pending = [], [], 0
+                elif got is None and reader.exhausted:
+                    break
                 c.busy_s += time.perf_counter() - t0
-                self._ray_metrics.batch(n)
+            if pending:
+                self._emit_parts(parts, times, in_time)
             emitter.emit_eos()
             emitter.drain()
         except BaseException as exc:
@@ -97,6 +116,17 @@ class StepHost:
             reader.close()
             self._done.set()
         return self.counters.as_dict()
+
+    def _emit_parts(self, parts: list, times: list, in_time: float) -> None:
+        items = parts[0] if len(parts) == 1 else concat(parts)
+        if any(t is None for t in times):
+            ev = None
+        else:
+            ev = times[0] if len(times) == 1 else np.concatenate(times)
+        n = num_rows(items)
+        self.counters.records_out += n
+        self.emitter.emit(Batch(items, ev, in_time))
+        self._ray_metrics.batch(n)
 
     @ray.method(concurrency_group="data")
     def push(self, msg: Any) -> None:

@@ -21,8 +21,9 @@ Each instance of D expects one end-of-stream marker per connected upstream insta
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from rayflow.dataflow import Dataflow, Partitioning
 

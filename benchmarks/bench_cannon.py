@@ -1,0 +1,184 @@
+"""W5: Cannon's multiplication vs the MLlib-style shuffle multiply vs numpy, on this machine.
+
+Usage: ``python benchmarks/bench_cannon.py [--quick]``
+
+Matrices are distributed into the object store before timing (as in the study). Every rank
+and task runs one BLAS thread (threadpoolctl), and numpy's ``A @ B`` in this process with one
+thread is the BLAS limit. Times are medians of ``--reps`` runs on gangs started beforehand;
+the gang start is reported separately. mpi4py, Dask and pyspark run as peers only when
+installed (they are not, here, unless the table says otherwise).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from statistics import median
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import click  # noqa: E402
+import numpy as np  # noqa: E402
+from _common import machine_info, print_table, ratio, write_result  # noqa: E402
+
+PUBLISHED = "Blaze Cannon 57-68% faster than Spark MLlib BlockMatrix.multiply (20,160^2 on n^2 cores)"
+
+
+def _peers() -> dict[str, bool]:
+    import importlib.util
+
+    return {m: importlib.util.find_spec(m) is not None for m in ("mpi4py", "dask", "pyspark")}
+
+
+def _time(fn, reps: int) -> tuple[float, list[float]]:
+    fn()  # warm-up: worker processes, imports and first-touch pages are not what we measure
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return median(times), times
+
+
+def _cannon_with_fault(comm, a, b):
+    """Cannon whose rank 1 is killed (ray.kill) after its first GEMM on the first attempt."""
+    import ray
+
+    from rayflow.hpc.cannon import cannon_rank
+
+    if comm.attempt == 0 and comm.rank == 1:
+        _ = a @ b
+        ray.kill(ray.get_runtime_context().current_actor)
+        time.sleep(60)
+    return cannon_rank(comm, a, b)
+
+
+def run(sizes: list[int], grids: list[int], reps: int, backends: list[str]) -> dict:
+    import ray
+    from threadpoolctl import threadpool_info, threadpool_limits
+
+    from rayflow._raycontext import ensure_ray
+    from rayflow.hpc import BlockDataset, Gang, cannon_matmul, mpimap, shuffle_matmul
+    from rayflow.hpc.cannon_index import skew_a_source, skew_b_source
+
+    # 8 logical CPUs: one gang of at most 4 ranks alive at a time, and at most 4 concurrent
+    # shuffle tasks, so both get the same parallelism.
+    ensure_ray(None, num_cpus=8)
+    blas = [i.get("architecture") for i in threadpool_info() if i.get("user_api") == "blas"]
+    rows, raw = [], []
+    gangs: dict = {}
+    mats = {}
+    for n in sizes:
+        rng = np.random.default_rng(n)
+        a, b = rng.standard_normal((n, n)), rng.standard_normal((n, n))
+        with threadpool_limits(1, user_api="blas"):
+            t_np, _ = _time(lambda a=a, b=b: a @ b, reps)
+            ref = a @ b
+        mats[n] = (a, b, ref, t_np)
+    try:
+        for p in grids:
+            data = {}
+            for n in sizes:
+                a, b, ref, t_np = mats[n]
+                A, B = BlockDataset.from_numpy(a, (p, p)), BlockDataset.from_numpy(b, (p, p))
+                ray.wait(list(A.refs + B.refs), num_returns=2 * p * p)
+
+                def shuffle(A=A, B=B):
+                    out = shuffle_matmul(A, B, blas_threads=1, num_cpus=1)
+                    ray.wait(list(out.refs), num_returns=len(out.refs), fetch_local=False)
+
+                data[n] = (A, B, _time(shuffle, reps)[0])
+            for backend in backends:
+                t0 = time.perf_counter()
+                g = gangs[backend] = Gang(p * p, backend=backend, rank_num_cpus=1,
+                                          blas_threads=1, gang_timeout_s=120).start()
+                raw.append({"gang_start_s": time.perf_counter() - t0, "backend": backend,
+                            "ranks": p * p})
+                for n in sizes:
+                    a, b, ref, t_np = mats[n]
+                    A, B, t_sh = data[n]
+                    flops, data_bytes = 2.0 * n**3, 3 * n * n * 8
+                    last = {}
+
+                    def cannon(A=A, B=B, g=g, last=last):
+                        last["c"] = cannon_matmul(A, B, gang=g)
+
+                    t_c, all_t = _time(cannon, reps)
+                    c = last["c"]
+                    err = float(np.abs(c.to_numpy() - ref).max() / np.abs(ref).max())
+                    rss = c.stage.rank_maxrss_bytes
+                    rows.append({
+                        "n": n, "ranks": p * p, "backend": backend,
+                        "cannon_s": t_c, "cannon_gflops": flops / t_c / 1e9,
+                        "rank_compute_s": max(c.stage.rank_wall_s),
+                        "shuffle_s": t_sh, "shuffle_gflops": flops / t_sh / 1e9,
+                        "numpy_1thread_s": t_np, "numpy_gflops": flops / t_np / 1e9,
+                        "speedup_vs_shuffle": ratio(t_sh, t_c),
+                        "improvement_vs_shuffle_pct": round(100 * (t_sh - t_c) / t_sh, 1),
+                        "vs_numpy_time_ratio": ratio(t_c, t_np),
+                        "rel_error_f64": err,
+                        "max_rank_rss_mib": max(rss) / 2**20,
+                        "sum_rank_rss_over_data": ratio(sum(rss), data_bytes),
+                        "runs_s": all_t,
+                    })
+                    print(f"n={n} ranks={p * p} {backend}: cannon {t_c:.3f}s "
+                          f"shuffle {t_sh:.3f}s numpy {t_np:.3f}s err {err:.1e}", flush=True)
+                g.shutdown()
+                del gangs[backend]
+        # Recovery: one rank killed mid-stage vs the failure-free run, both on fresh gangs.
+        n_rec, p_rec = sizes[0], max(grids)
+        rng = np.random.default_rng(1)
+        a = rng.standard_normal((n_rec, n_rec))
+        A = BlockDataset.from_numpy(a, (p_rec, p_rec))
+        a_s = A.take(lambda i, j: skew_a_source(i, j, p_rec))
+        b_s = A.take(lambda i, j: skew_b_source(i, j, p_rec))
+        t0 = time.perf_counter()
+        ok = cannon_matmul(A, A)
+        t_ok = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        rec = mpimap(_cannon_with_fault, a_s, b_s, rank_num_cpus=1)
+        t_rec = time.perf_counter() - t0
+        rec_err = float(np.abs(rec.to_numpy() - ok.to_numpy()).max())
+        recovery = {"n": n_rec, "ranks": p_rec * p_rec, "failure_free_s": t_ok,
+                    "with_killed_rank_s": t_rec, "ratio": ratio(t_rec, t_ok),
+                    "attempts": rec.stage.attempts, "max_abs_diff": rec_err,
+                    "note": "both runs include starting a fresh gang"}
+        print(f"recovery: {t_rec:.2f}s vs {t_ok:.2f}s failure-free ({recovery['ratio']}x)")
+    finally:
+        for g in gangs.values():
+            g.shutdown()
+    return {"rows": rows, "gang_starts": raw, "recovery": recovery, "blas_kernel": blas,
+            "peers": _peers(), "published": PUBLISHED}
+
+
+@click.command()
+@click.option("--quick", is_flag=True, help="small sizes, 3 reps: a smoke run")
+@click.option("--reps", default=3, show_default=True)
+@click.option("--backend", "backends", multiple=True, help="ray and/or gloo (default: both)")
+def main(quick: bool, reps: int, backends: tuple[str, ...]) -> None:
+    """Run the W5 benchmark and write benchmarks/results/cannon.json."""
+    from rayflow.hpc.gloo_backend import gloo_available
+
+    sizes = [256, 512] if quick else [1024, 2048, 4096]
+    chosen = list(backends) or (["ray", "gloo"] if gloo_available() else ["ray"])
+    res = run(sizes, [1, 2], reps, chosen)
+    header = ["n", "ranks", "backend", "cannon GF/s", "shuffle GF/s", "numpy GF/s",
+              "x shuffle", "improv %", "t/numpy", "rel err", "RSS/data"]
+    print_table("Cannon vs shuffle (MLlib algorithm) vs numpy, 1 BLAS thread per rank", header, [
+        [r["n"], r["ranks"], r["backend"], r["cannon_gflops"], r["shuffle_gflops"],
+         r["numpy_gflops"], r["speedup_vs_shuffle"], r["improvement_vs_shuffle_pct"],
+         r["vs_numpy_time_ratio"], r["rel_error_f64"], r["sum_rank_rss_over_data"]]
+        for r in res["rows"]
+    ])
+    print(f"\npublished: {PUBLISHED}")
+    print(f"BLAS kernel: {res['blas_kernel']}; peers installed: {res['peers']}")
+    if quick:  # a smoke run must not overwrite the recorded figures
+        print(f"machine: {machine_info()}")
+        return
+    print(f"wrote {write_result('cannon', res)}")
+
+
+if __name__ == "__main__":
+    main()
