@@ -19,13 +19,13 @@ def test_kafka_up_status_down(tmp_path, monkeypatch):
     monkeypatch.setattr(broker_mod, "STATE_DIR", tmp_path)
     monkeypatch.setattr(broker_mod, "STATE_FILE", tmp_path / "broker.json")
     r = CliRunner()
-    up = json.loads(r.invoke(main, ["kafka", "up", "--json"]).output)
+    up = json.loads(r.invoke(main, ["kafka", "up", "--json"]).stdout)
     try:
         assert up["running"] and up["bootstrap"].startswith("127.0.0.1:")
-        st = json.loads(r.invoke(main, ["kafka", "status", "--json"]).output)
+        st = json.loads(r.invoke(main, ["kafka", "status", "--json"]).stdout)
         assert st["pid"] == up["pid"] and st["running"]
     finally:
-        down = json.loads(r.invoke(main, ["kafka", "down", "--json"]).output)
+        down = json.loads(r.invoke(main, ["kafka", "down", "--json"]).stdout)
     assert down["running"] is False
     assert not broker_mod._alive(up["pid"])
 

@@ -69,10 +69,24 @@ def _port_free(port: int) -> bool:
 
 def wait_until_ready(bootstrap: str, timeout_s: float = 20.0) -> None:
     """Block until a Kafka client gets cluster metadata from ``bootstrap``."""
-    from kafka import KafkaAdminClient
+    import logging
 
     deadline = time.monotonic() + timeout_s
+    # refused connections are expected while the broker boots: keep them out of the logs
+    kafka_log = logging.getLogger("kafka")
+    level = kafka_log.level
+    kafka_log.setLevel(logging.CRITICAL)
+    try:
+        _probe(bootstrap, deadline)
+    finally:
+        kafka_log.setLevel(level)
+
+
+def _probe(bootstrap: str, deadline: float) -> None:
+    from kafka import KafkaAdminClient
+
     last: Exception | None = None
+    timeout_s = deadline - time.monotonic()
     while time.monotonic() < deadline:
         try:
             admin = KafkaAdminClient(
@@ -84,7 +98,7 @@ def wait_until_ready(bootstrap: str, timeout_s: float = 20.0) -> None:
         except Exception as exc:  # noqa: BLE001 - any failure means "not ready yet"
             last = exc
             time.sleep(0.1)
-    raise BrokerError(f"Kafka broker at {bootstrap} did not answer within {timeout_s}s: {last!r}")
+    raise BrokerError(f"Kafka broker at {bootstrap} did not answer within {timeout_s:.0f} s: {last!r}")
 
 
 @dataclass
