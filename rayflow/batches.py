@@ -43,6 +43,21 @@ class EndOfStream:
     instance: int
 
 
+@dataclass(frozen=True, slots=True)
+class Barrier:
+    """Checkpoint barrier ``checkpoint_id``; travels in the channels between batches."""
+
+    checkpoint_id: int
+    stop_after: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Tick:
+    """Time passes (sent by idle sources), so timers fire without data."""
+
+    now: float
+
+
 def num_rows(items: Items) -> int:
     """Number of records in ``items``."""
     if isinstance(items, list):

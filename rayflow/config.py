@@ -64,6 +64,21 @@ class StreamOptions(BaseModel):
     latency_sample_every: int = Field(16, gt=0, description="keep 1 latency sample in N")
 
 
+class CheckpointOptions(BaseModel):
+    """Checkpoints and delivery guarantees of streaming jobs."""
+
+    model_config = _FROZEN
+    processing_guarantee: Literal["at_most_once", "at_least_once", "exactly_once"] = (
+        "at_least_once"
+    )
+    interval_s: float = Field(2.0, ge=0, description="between checkpoints; 0 disables them")
+    timeout_s: float = Field(60.0, gt=0, description="a checkpoint slower than this aborts")
+    state_backend: Literal["memory", "filesystem", "rocksdb"] = "memory"
+    state_dir: str | None = Field(None, description="snapshot directory (filesystem, rocksdb)")
+    max_restarts: int = Field(3, ge=0, description="recoveries before the job fails")
+    tick_s: float = Field(0.2, gt=0, description="timer tick sent by idle sources")
+
+
 class HpcOptions(BaseModel):
     """MPI-stage defaults."""
 
@@ -84,6 +99,7 @@ class RayflowConfig(BaseSettings):
     ray: RayOptions = Field(default_factory=RayOptions)
     kafka: KafkaOptions = Field(default_factory=KafkaOptions)
     stream: StreamOptions = Field(default_factory=StreamOptions)
+    checkpoint: CheckpointOptions = Field(default_factory=CheckpointOptions)
     hpc: HpcOptions = Field(default_factory=HpcOptions)
 
 

@@ -32,6 +32,7 @@ class Edge:
     upstream: str
     partitioning: Partitioning = "forward"
     key_fn: Callable[[Any], Any] | None = None
+    port: str = "main"  # which output of the upstream step ("late" for late records...)
 
 
 @dataclass(frozen=True)
@@ -93,7 +94,7 @@ class Dataflow:
         steps = self.steps
         if not any(s.kind == "source" for s in steps):
             raise ConfigError(f"flow {self.name!r} has no source")
-        consumed = {e.upstream for s in steps for e in s.inputs}
+        consumed = {e.upstream for s in steps for e in s.inputs if e.port == "main"}
         dangling = [s.step_id for s in steps if s.kind != "sink" and s.step_id not in consumed]
         if dangling:
             raise ConfigError(
@@ -113,10 +114,10 @@ class Stream:
 
     def __init__(
         self, flow: Dataflow, step_id: str, partitioning: Partitioning = "forward",
-        key_fn: Callable[[Any], Any] | None = None,
+        key_fn: Callable[[Any], Any] | None = None, port: str = "main",
     ):
         self.flow, self.step_id = flow, step_id
-        self._partitioning, self._key_fn = partitioning, key_fn
+        self._partitioning, self._key_fn, self._port = partitioning, key_fn, port
 
     def _then(
         self, step_id: str, kind: str, spec: Any, parallelism: int | None,
@@ -124,7 +125,7 @@ class Stream:
     ) -> Stream:
         if parallelism is None:
             parallelism = self.flow.step(self.step_id).parallelism
-        edge = Edge(self.step_id, self._partitioning, self._key_fn)
+        edge = Edge(self.step_id, self._partitioning, self._key_fn, self._port)
         self.flow._add(Step(step_id, kind, spec, parallelism, (edge,), on_error, options))
         return Stream(self.flow, step_id)
 
@@ -132,15 +133,41 @@ class Stream:
         """Partition the next step's input by ``key_fn(record)``: records with equal keys go to
         the same instance. For numpy/Arrow batches ``key_fn`` gets the whole batch and returns
         one key per row."""
-        return Stream(self.flow, self.step_id, "hash", key_fn)
+        return Stream(self.flow, self.step_id, "hash", key_fn, self._port)
 
     def rebalance(self) -> Stream:
         """Spread the next step's input round-robin over its instances, batch by batch."""
-        return Stream(self.flow, self.step_id, "rebalance")
+        return Stream(self.flow, self.step_id, "rebalance", None, self._port)
 
     def broadcast(self) -> Stream:
         """Send every batch to every instance of the next step."""
-        return Stream(self.flow, self.step_id, "broadcast")
+        return Stream(self.flow, self.step_id, "broadcast", None, self._port)
+
+    def side(self, port: str) -> Stream:
+        """The step's side output ``port`` (e.g. ``"late"`` of a window step). A side output
+        nobody consumes goes to the dead-letter output: never dropped silently."""
+        return Stream(self.flow, self.step_id, "forward", None, port)
+
+    def window(self, step_id: str, windower: Any, aggregator: Any, *, clock: Any = None,
+               parallelism: int | None = None, on_error: OnError | None = None,
+               **options: Any) -> Stream:
+        """Aggregate each key's records per window; emits :class:`WindowResult` records.
+        Needs a preceding :meth:`key_by`. Late records leave on ``.side("late")``.
+
+        Example:
+            >>> from rayflow import Dataflow, MemorySource, CollectSink
+            >>> from rayflow.operators.windows import CountWindow, Count
+            >>> f = Dataflow("w")
+            >>> counts = f.source("in", MemorySource(["a", "b", "a"])).key_by(str).window(
+            ...     "count", CountWindow(2), Count())
+            >>> counts.sink("out", CollectSink())
+        """
+        from rayflow.operators.windows import ProcessingTime, Windowed
+
+        if self._partitioning != "hash" or self._key_fn is None:
+            raise ConfigError(f"step {step_id!r}: window() needs key_by(...) before it")
+        spec = Windowed(windower, aggregator, self._key_fn, clock or ProcessingTime())
+        return self._then(step_id, "operator", spec, parallelism, on_error, options)
 
     def map(self, step_id: str, fn: Callable[[Any], Any], *, parallelism: int | None = None,
             on_error: OnError | None = None, **options: Any) -> Stream:

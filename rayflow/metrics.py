@@ -30,6 +30,7 @@ class StepCounters:
     batches_out: int = 0
     bytes_out: int = 0
     dead_letters: int = 0
+    side_records: int = 0  # records sent to side outputs (late records of windows)
     backpressure_s: float = 0.0
     busy_s: float = 0.0
     first_in_time: float = float("inf")  # earliest source stamp seen (sinks)

@@ -47,6 +47,16 @@ class SinkWriter:
     def flush(self) -> None:
         """Make everything written so far durable/visible."""
 
+    def snapshot(self, checkpoint_id: int) -> Any:
+        """Pre-commit at a checkpoint barrier; the return value is restored into ``build``.
+        By default: flush, so that nothing before the barrier can be lost."""
+        self.flush()
+        return None
+
+    def commit(self, checkpoint_id: int) -> None:
+        """Checkpoint ``checkpoint_id`` completed: make its output visible (two-phase
+        commit). A no-op for sinks whose writes are visible at once."""
+
     def result(self) -> Any:
         """What the driver may fetch after the run (the collecting sink's records)."""
         return None

@@ -343,10 +343,12 @@ class KafkaSink(SinkSpec):
 
     def build(self, ctx: StepContext, resume_state: Any = None) -> SinkWriter:
         bootstrap = self.bootstrap or default_bootstrap()
-        producer = (_ConfluentProducer if self.client == "confluent" else _KPProducer)(
-            bootstrap, self.options
-        )
-        return _KafkaWriter(self, ctx, producer)
+        cls = _ConfluentProducer if self.client == "confluent" else _KPProducer
+        if ctx.guarantee == "exactly_once":
+            txn_id = f"rayflow-{ctx.job_name}-{ctx.step_id}-{ctx.instance}"
+            return _TransactionalWriter(self, ctx, cls(bootstrap, self.options, txn_id),
+                                        bootstrap, resume_state)
+        return _KafkaWriter(self, ctx, cls(bootstrap, self.options))
 
 
 def _to_bytes(v: Any) -> bytes:
@@ -362,6 +364,11 @@ class _KafkaWriter(SinkWriter):
         self.spec, self.ctx, self.p = spec, ctx, producer
 
     def write(self, items, event_times, in_time):
+        values, keys, dead = self._encode(items, in_time)
+        self.p.send_many(self.spec.topic, values, keys)
+        return dead
+
+    def _encode(self, items, in_time):
         spec = self.spec
         records = items if isinstance(items, list) else list(items)
         if spec.stamp is not None:
@@ -382,8 +389,7 @@ class _KafkaWriter(SinkWriter):
             ]
             values = [values[i] for i in ok]
             keys = [keys[i] for i in ok] if keys else None
-        self.p.send_many(spec.topic, values, keys)
-        return dead
+        return values, keys, dead
 
     def flush(self):
         self.p.flush()
@@ -392,14 +398,106 @@ class _KafkaWriter(SinkWriter):
         self.p.close()
 
 
+COMMITS_TOPIC = "__rayflow_commits"
+
+
+class _TransactionalWriter(_KafkaWriter):
+    """Exactly-once sink: two-phase commit tied to checkpoints.
+
+    Records of each checkpoint epoch are held back; at the barrier (pre-commit) they become
+    part of the checkpoint; when the checkpoint completes they are written in one Kafka
+    transaction together with a marker ``(sink instance -> checkpoint id)`` in
+    ``__rayflow_commits``. After a restore, epochs whose marker is committed are skipped and
+    the others are committed then, so every epoch is committed exactly once. Holding records
+    until commit (instead of writing into an open transaction and aborting on failure) keeps
+    the guarantee on brokers whose ``read_committed`` does not hide aborted data (Tansu).
+    """
+
+    def __init__(self, spec, ctx, producer, bootstrap: str, resume_state: Any):
+        super().__init__(spec, ctx, producer)
+        self.marker = f"{ctx.job_name}/{ctx.step_id}/{ctx.instance}".encode()
+        self.buffer: list[tuple[list, list | None]] = []
+        self.pending: dict[int, list] = {}
+        create_topic(bootstrap, COMMITS_TOPIC, 1)
+        self.p.init_transactions()
+        if resume_state:
+            done = _last_commit(bootstrap, self.marker)
+            self.pending = {cid: parts for cid, parts in resume_state.items() if cid > done}
+            if self.pending:  # epochs of the restored (completed) checkpoint not yet committed
+                self.commit(max(self.pending))
+
+    def write(self, items, event_times, in_time):
+        values, keys, dead = self._encode(items, in_time)
+        if values:
+            self.buffer.append((values, keys))
+        return dead
+
+    def snapshot(self, checkpoint_id):
+        self.pending[checkpoint_id] = self.buffer
+        self.buffer = []
+        return dict(self.pending)
+
+    def commit(self, checkpoint_id):
+        ready = sorted(cid for cid in self.pending if cid <= checkpoint_id)
+        if not ready:
+            return
+        self.p.begin()
+        for cid in ready:
+            for values, keys in self.pending[cid]:
+                self.p.send_many(self.spec.topic, values, keys)
+        self.p.send_many(COMMITS_TOPIC, [str(ready[-1]).encode()], [self.marker])
+        self.p.commit()
+        for cid in ready:
+            del self.pending[cid]
+
+    def flush(self):
+        # end of stream: what came after the last checkpoint is committed as a final epoch
+        if self.buffer:
+            last = max(self.pending, default=0)
+            self.pending[last + 1] = self.buffer
+            self.buffer = []
+        if self.pending:
+            self.commit(max(self.pending))
+
+
+def _last_commit(bootstrap: str, marker: bytes) -> int:
+    """The last checkpoint id committed by the sink instance ``marker`` (0 if none)."""
+    from kafka import KafkaConsumer, TopicPartition
+
+    c = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False,
+                      isolation_level="read_committed", auto_offset_reset="earliest")
+    c.assign([TopicPartition(COMMITS_TOPIC, 0)])
+    last, idle = 0, 0
+    while idle < 2:
+        got = c.poll(300)
+        idle = 0 if got else idle + 1
+        for recs in got.values():
+            for r in recs:
+                if r.key == marker:
+                    last = max(last, int(r.value))
+    c.close()
+    return last
+
+
 class _KPProducer:
-    def __init__(self, bootstrap: str, options: dict):
+    def __init__(self, bootstrap: str, options: dict, transactional_id: str | None = None):
         from kafka import KafkaProducer
 
         opts = dict(bootstrap_servers=bootstrap, linger_ms=5, batch_size=1 << 20,
                     max_request_size=8 << 20, acks=1)
+        if transactional_id:
+            opts.update(transactional_id=transactional_id, acks="all")
         opts.update(options)
         self.producer = KafkaProducer(**opts)
+
+    def init_transactions(self):
+        self.producer.init_transactions()
+
+    def begin(self):
+        self.producer.begin_transaction()
+
+    def commit(self):
+        self.producer.commit_transaction()
 
     def send_many(self, topic, values, keys):
         send = self.producer.send
@@ -418,12 +516,23 @@ class _KPProducer:
 
 
 class _ConfluentProducer:
-    def __init__(self, bootstrap: str, options: dict):
+    def __init__(self, bootstrap: str, options: dict, transactional_id: str | None = None):
         from confluent_kafka import Producer
 
         conf = {"bootstrap.servers": bootstrap, "linger.ms": 5, "acks": 1}
+        if transactional_id:
+            conf.update({"transactional.id": transactional_id, "acks": "all"})
         conf.update(options)
         self.producer = Producer(conf)
+
+    def init_transactions(self):
+        self.producer.init_transactions(30)
+
+    def begin(self):
+        self.producer.begin_transaction()
+
+    def commit(self):
+        self.producer.commit_transaction(30)
 
     def send_many(self, topic, values, keys):
         produce, poll = self.producer.produce, self.producer.poll

@@ -25,6 +25,8 @@ class StepContext:
     instance: int
     parallelism: int
     job_name: str = "rayflow"
+    state_backend: Any = None  # a rayflow.state.StateBackend; memory when None
+    guarantee: str = "at_least_once"  # the job's processing guarantee
 
 
 @dataclass(frozen=True)
@@ -49,6 +51,8 @@ class Output:
     items: Items
     event_times: np.ndarray | None
     dead: list[DeadLetter] = field(default_factory=list)
+    side: dict[str, tuple[Items, np.ndarray | None]] = field(default_factory=dict)
+    """Records for named side outputs (e.g. ``late``), with their event times."""
 
 
 class Logic:
@@ -66,6 +70,11 @@ class Logic:
     def process(self, items: Items, event_times: np.ndarray | None) -> Output:
         """Process one batch and return the output batch (possibly empty)."""
         raise NotImplementedError
+
+    def on_tick(self, now: float) -> Output | None:
+        """Called when time passes without data (timers: processing-time windows, idle
+        watermarks)."""
+        return None
 
     def on_end(self) -> Output | None:
         """Called at end of stream; may emit a final batch."""

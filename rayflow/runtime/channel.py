@@ -54,12 +54,18 @@ class Emitter:
         self.batches_out = 0
         self.bytes_out = 0
 
-    def emit(self, batch: Batch) -> None:
-        """Send ``batch`` to every downstream step, partitioned as each edge says."""
+    def ports(self) -> set[str]:
+        return {e.port for e, _ in self.edges}
+
+    def emit(self, batch: Batch, port: str = "main") -> None:
+        """Send ``batch`` to every downstream step of ``port``, partitioned as each edge
+        says."""
         if not len(batch):
             return
         size = None
         for k, (edge, chans) in enumerate(self.edges):
+            if edge.port != port:
+                continue
             kind = edge.partitioning
             if kind == "hash" and len(chans) > 1:
                 groups = partition_indices(batch.items, edge.key_fn, len(chans))
@@ -82,10 +88,14 @@ class Emitter:
 
     def emit_eos(self) -> None:
         """Tell every connected downstream instance that this instance is done."""
-        eos = EndOfStream(*self.source)
+        self.emit_control(EndOfStream(*self.source))
+
+    def emit_control(self, msg: Any) -> None:
+        """Send a marker (end of stream, barrier, tick) on every channel, in order with the
+        batches before it."""
         for _, chans in self.edges:
             for chan in chans:
-                self._send(chan, eos, 0)
+                self._send(chan, msg, 0)
 
     def drain(self) -> None:
         """Wait for every in-flight call to finish; raise the first downstream error."""
@@ -119,7 +129,7 @@ class Emitter:
                                    or chan.bytes + size > self.max_bytes):
                 self._complete_oldest(chan, block=True)
             self.backpressure_s += time.perf_counter() - t0
-        ref = chan.handle.push.remote(msg)
+        ref = chan.handle.push.remote(msg, self.source)
         chan.window.append((ref, size))
         chan.bytes += size
         if size:

@@ -1,10 +1,15 @@
 """The operator-host actor: one per step instance, running a source, an operator or a sink.
 
 Methods run in two concurrency groups: ``data`` (one thread: the source loop, or ``push``
-calls in arrival order) and ``control`` (status, stop, results), so a host that is blocked
-by backpressure still answers the job. Actors reserve ``stream.actor_num_cpus`` CPUs
-(default 0): a stream's steps mostly wait on each other and on I/O, and with 1 CPU each a
-graph larger than the core count would never be scheduled.
+calls in arrival order) and ``control`` (status, stop, checkpoint triggers and commits,
+results), so a host that is blocked by backpressure still answers the job. Actors reserve
+``stream.actor_num_cpus`` CPUs (default 0): a stream's steps mostly wait on each other and on
+I/O, and with 1 CPU each a graph larger than the core count would never be scheduled.
+
+Checkpoints: a source injects ``Barrier(n)`` between batches when the coordinator asks; an
+instance with several inputs *aligns*: after barrier n arrived on one input, that input's
+messages wait in a buffer until barrier n has arrived on all inputs; then the instance
+snapshots its state, acknowledges to the coordinator and forwards the barrier.
 """
 
 from __future__ import annotations
@@ -12,18 +17,19 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections import deque
 from typing import Any
 
 import numpy as np
 import ray
 
-from rayflow.batches import Batch, EndOfStream, brief, concat, num_rows
+from rayflow.batches import Barrier, Batch, EndOfStream, Tick, brief, concat, num_rows
 from rayflow.config import StreamOptions
 from rayflow.connectors.base import SinkSpec
 from rayflow.dataflow import Step
 from rayflow.errors import StepError
 from rayflow.metrics import LatencyRecorder, StepCounters
-from rayflow.operators.base import DeadLetter, StepContext, describe_exception
+from rayflow.operators.base import DeadLetter, Output, StepContext, describe_exception
 from rayflow.runtime.channel import Emitter, unwrap
 from rayflow.runtime.plan import OutEdge
 
@@ -35,20 +41,30 @@ class StepHost:
     """Hosts one instance of one step."""
 
     def __init__(self, step: Step, ctx: StepContext, options: StreamOptions,
-                 dead_letter_sink: SinkSpec | None = None, resume_state: Any = None):
+                 dead_letter_sink: SinkSpec | None = None, resume_state: Any = None,
+                 coordinator: Any = None, tick_s: float = 0.2):
         self.step, self.ctx = step, ctx
         self.opts = options.model_copy(update={
             k: v for k, v in step.options.items() if k in StreamOptions.model_fields
         })
         self.on_error = step.on_error or self.opts.on_error
+        self.coordinator = coordinator
+        self.tick_s = tick_s
         self.counters = StepCounters()
         self.latency = LatencyRecorder(self.opts.latency_sample_every)
         self.kept_dead: list[DeadLetter] = []
         self._dead_writer = dead_letter_sink.build(ctx) if dead_letter_sink else None
         self._stop = threading.Event()
         self._done = threading.Event()
+        self._lock = threading.Lock()  # sink writes (data) vs commits (control)
         self._error: BaseException | None = None
-        self._eos_left = 0
+        self._inputs: list[tuple[str, int]] = []
+        self._finished_inputs: set[tuple[str, int]] = set()
+        self._blocked: set[tuple[str, int]] = set()
+        self._held: deque = deque()  # (msg, sender) of blocked inputs, in arrival order
+        self._aligning: Barrier | None = None
+        self._trigger: Barrier | None = None
+        self._last_tick = 0.0
         self.emitter: Emitter | None = None
         self._ray_metrics = _RayMetrics(ctx)
         if step.kind == "source":
@@ -60,13 +76,14 @@ class StepHost:
             self.logic.open()
 
     # -- wiring --------------------------------------------------------------------------
-    def connect(self, edges: list[OutEdge], handles: dict[str, list[Any]], expected_eos: int):
+    def connect(self, edges: list[OutEdge], handles: dict[str, list[Any]],
+                inputs: list[tuple[str, int]]):
         self.emitter = Emitter((self.ctx.step_id, self.ctx.instance), edges, handles,
                                self.opts.channel_bytes, self.opts.channel_calls)
-        self._eos_left = expected_eos
+        self._inputs = list(inputs)
         return True
 
-    # -- data path -----------------------------------------------------------------------
+    # -- source loop ---------------------------------------------------------------------
     @ray.method(concurrency_group="data")
     def run(self) -> dict:
         """The source loop: poll, stamp inTime, push; then end-of-stream. Sources only.
@@ -77,10 +94,12 @@ class StepHost:
         """
         reader, emitter, c = self.reader, self.emitter, self.counters
         batch_size, linger_s = self.opts.batch_size, self.opts.linger_ms / 1000.0
+        at_most_once = self.ctx.guarantee == "at_most_once" and self.coordinator is not None
         parts: list = []
         times: list = []
         pending = 0
-        first = 0.0
+        first = in_time = 0.0
+        self._last_tick = time.monotonic()
         try:
             while not self._stop.is_set():
                 t0 = time.perf_counter()
@@ -97,17 +116,35 @@ class StepHost:
                         pending += n
                         c.records_in += n
                         c.batches_in += 1
-                if pending and (pending >= batch_size or time.perf_counter() - first >= linger_s
-                                or emitter.idle()):
+                barrier = self._trigger
+                if pending and (barrier is not None or pending >= batch_size
+                                or time.perf_counter() - first >= linger_s or emitter.idle()):
+                    if at_most_once:
+                        # at-most-once: the position is recorded before the records leave, so
+                        # a restart never replays them
+                        ray.get(self.coordinator.position.remote(self._key(), reader.snapshot()))
                     self._emit_parts(parts, times, in_time)
                     parts, times, pending = [], [], 0
-                elif got is None and reader.exhausted:
-                    break
+                if barrier is not None:
+                    self._trigger = None
+                    self._ack(barrier.checkpoint_id, reader.snapshot())
+                    emitter.emit_control(barrier)
+                    if barrier.stop_after:
+                        break
+                elif got is None:
+                    if reader.exhausted:
+                        break
+                    now = time.monotonic()
+                    if now - self._last_tick >= self.tick_s:
+                        self._last_tick = now
+                        emitter.emit_control(Tick(time.time()))
                 c.busy_s += time.perf_counter() - t0
             if pending:
                 self._emit_parts(parts, times, in_time)
             emitter.emit_eos()
             emitter.drain()
+            if self.coordinator is not None:
+                self.coordinator.task_finished.remote(self._key())
         except BaseException as exc:
             self._fail(exc)
             raise self._error from None
@@ -128,18 +165,33 @@ class StepHost:
         self.emitter.emit(Batch(items, ev, in_time))
         self._ray_metrics.batch(n)
 
+    # -- data path -----------------------------------------------------------------------
     @ray.method(concurrency_group="data")
-    def push(self, msg: Any) -> None:
+    def push(self, msg: Any, sender: tuple[str, int]) -> None:
         if self._error is not None:
             raise self._error
         try:
-            if isinstance(msg, EndOfStream):
-                self._on_eos()
-            else:
-                self._on_batch(msg)
+            if sender in self._blocked:
+                self._held.append((msg, sender))
+                return
+            self._handle(msg, sender)
         except BaseException as exc:
             self._fail(exc)
             raise self._error from None
+
+    def _handle(self, msg: Any, sender: tuple[str, int]) -> None:
+        if isinstance(msg, Batch):
+            self._on_batch(msg)
+        elif isinstance(msg, Barrier):
+            self._on_barrier(msg, sender)
+        elif isinstance(msg, Tick):
+            self._on_tick(msg)
+        elif isinstance(msg, EndOfStream):
+            self._finished_inputs.add(sender)
+            if self._aligning is not None:
+                self._maybe_aligned()
+            if len(self._finished_inputs) >= len(self._inputs):
+                self._on_eos()
 
     def _on_batch(self, batch: Batch) -> None:
         c = self.counters
@@ -148,47 +200,121 @@ class StepHost:
         c.records_in += n
         c.batches_in += 1
         if self.step.kind == "sink":
-            dead = self.writer.write(batch.items, batch.event_times, batch.in_time)
+            with self._lock:
+                dead = self.writer.write(batch.items, batch.event_times, batch.in_time)
             out_time = time.time()
             c.first_in_time = min(c.first_in_time, batch.in_time)
             c.last_out_time = out_time
             self.latency.record(batch.event_times, out_time, n, batch.in_time)
             if dead:
-                self._dead_letters(dead, batch.items)
+                self._dead_letters(dead)
             c.records_out += n - len(dead or ())
         else:
-            out = self.logic.process(batch.items, batch.event_times)
-            if out.dead:
-                self._dead_letters(out.dead, batch.items)
-            m = num_rows(out.items)
-            c.records_out += m
-            if m:
-                self.emitter.emit(Batch(out.items, out.event_times, batch.in_time))
+            self._emit_output(self.logic.process(batch.items, batch.event_times), batch.in_time)
         c.busy_s += time.perf_counter() - t0
         self._ray_metrics.batch(n)
 
-    def _on_eos(self) -> None:
-        self._eos_left -= 1
-        if self._eos_left > 0:
+    def _emit_output(self, out: Output | None, in_time: float) -> None:
+        if out is None:
             return
+        if out.dead:
+            self._dead_letters(out.dead)
+        m = num_rows(out.items)
+        self.counters.records_out += m
+        if m:
+            self.emitter.emit(Batch(out.items, out.event_times, in_time))
+        for port, (items, times) in out.side.items():
+            k = num_rows(items)
+            if not k:
+                continue
+            self.counters.side_records += k
+            if port in self.emitter.ports():
+                self.emitter.emit(Batch(items, times, in_time), port)
+            else:  # nobody consumes this side output: dead letters, never a silent drop
+                self._dead_letters([DeadLetter(self.ctx.step_id, self.ctx.instance,
+                                               f"{port} record", r, f"side output {port!r}")
+                                    for r in items], force=True)
+
+    def _on_tick(self, tick: Tick) -> None:
+        if self.step.kind == "operator":
+            self._emit_output(self.logic.on_tick(time.time()), time.time())
+        now = time.monotonic()
+        if self.step.kind != "sink" and now - self._last_tick >= self.tick_s:
+            self._last_tick = now  # forward at most one tick per interval, whatever the fan-in
+            self.emitter.emit_control(tick)
+
+    # -- checkpoints ---------------------------------------------------------------------
+    def _on_barrier(self, barrier: Barrier, sender: tuple[str, int]) -> None:
+        if self._aligning is None:
+            self._aligning = barrier
+        self._blocked.add(sender)
+        self._maybe_aligned()
+
+    def _maybe_aligned(self) -> None:
+        live = set(self._inputs) - self._finished_inputs
+        if not live <= self._blocked:
+            return
+        barrier = self._aligning
+        self._aligning = None
+        self._snapshot(barrier)
+        self._blocked.clear()
+        held, self._held = self._held, deque()
+        for msg, sender in held:  # replay what the blocked inputs sent meanwhile, in order
+            if sender in self._blocked:
+                self._held.append((msg, sender))
+            else:
+                self._handle(msg, sender)
+
+    def _snapshot(self, barrier: Barrier) -> None:
+        cid = barrier.checkpoint_id
         if self.step.kind == "sink":
-            self.writer.flush()
-            self.writer.close()
+            with self._lock:
+                handle = self.writer.snapshot(cid)
         else:
-            out = self.logic.on_end()
-            if out is not None and num_rows(out.items):
-                self.counters.records_out += num_rows(out.items)
-                self.emitter.emit(Batch(out.items, out.event_times, time.time()))
+            handle = self.logic.snapshot()
+        self._ack(cid, handle)
+        if self.step.kind != "sink":
+            self.emitter.emit_control(barrier)
+
+    def _ack(self, checkpoint_id: int, handle: Any) -> None:
+        if self.coordinator is not None:
+            self.coordinator.ack.remote(checkpoint_id, self._key(), handle)
+
+    def _key(self) -> tuple[str, int]:
+        return (self.ctx.step_id, self.ctx.instance)
+
+    @ray.method(concurrency_group="control")
+    def trigger_checkpoint(self, checkpoint_id: int, stop_after: bool = False) -> None:
+        """Sources: inject barrier ``checkpoint_id`` before the next batch."""
+        self._trigger = Barrier(checkpoint_id, stop_after)
+
+    @ray.method(concurrency_group="control")
+    def notify_complete(self, checkpoint_id: int) -> None:
+        """Checkpoint complete: sinks commit its output (second phase of two-phase commit)."""
+        if self.step.kind == "sink":
+            with self._lock:
+                self.writer.commit(checkpoint_id)
+
+    # -- end of stream -------------------------------------------------------------------
+    def _on_eos(self) -> None:
+        if self.step.kind == "sink":
+            with self._lock:
+                self.writer.flush()
+                self.writer.close()
+        else:
+            self._emit_output(self.logic.on_end(), time.time())
             self.logic.close()
             self.emitter.emit_eos()
             self.emitter.drain()
         if self._dead_writer is not None:
             self._dead_writer.flush()
         self._sync_emitter()
+        if self.coordinator is not None:
+            self.coordinator.task_finished.remote(self._key())
         self._done.set()
 
-    def _dead_letters(self, dead: list[DeadLetter], batch_items: Any) -> None:
-        if self.on_error == "raise":
+    def _dead_letters(self, dead: list[DeadLetter], force: bool = False) -> None:
+        if self.on_error == "raise" and not force:
             d = dead[0]
             raise StepError(d.step_id, d.instance, brief(d.record), d.reason)
         self.counters.dead_letters += len(dead)
@@ -200,7 +326,7 @@ class StepHost:
 
     def _fail(self, exc: BaseException) -> None:
         exc = unwrap(exc)
-        if not isinstance(exc, StepError):
+        if not isinstance(exc, (StepError, ray.exceptions.RayError)):
             exc = StepError(self.ctx.step_id, self.ctx.instance, "-", describe_exception(exc))
         self._error = exc
         self._done.set()

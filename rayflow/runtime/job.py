@@ -36,44 +36,82 @@ class Job:
         self._runs: dict[Any, tuple[str, int]] = {}
         self._finals: dict[tuple[str, int], dict] = {}
         self.started_at = self.ready_at = self.finished_at = None
+        self.coordinator: Any = None
+        self.recoveries: list[dict] = []
+        self._checkpoints: list[dict] = []
+        self._latest: Any = None
 
     # -- lifecycle -----------------------------------------------------------------------
-    def start(self) -> Job:
-        ray = ensure_ray(self.config.ray.address, self.config.ray.num_cpus,
-                         include_dashboard=self.config.ray.include_dashboard)
-        from rayflow.runtime.host import StepHost
+    def start(self, resume_from: Any = None) -> Job:
+        """Start every instance (from a completed checkpoint when ``resume_from`` is given)."""
+        ensure_ray(self.config.ray.address, self.config.ray.num_cpus,
+                   include_dashboard=self.config.ray.include_dashboard)
+        from rayflow.runtime.coordinator import CoordinatorActor
 
         self.started_at = time.time()
-        opts = self.config.stream
+        chk = self.config.checkpoint
+        self.coordinator = CoordinatorActor.remote(chk.interval_s, chk.timeout_s)
+        latest = resume_from
+        self._spawn(latest, latest.checkpoint_id + 1 if latest else 1, {})
+        self.ready_at = time.time()
+        self.state = "RUNNING"
+        return self
+
+    def _spawn(self, latest: Any, first_id: int, positions: dict) -> None:
+        import ray
+
+        from rayflow.runtime.host import StepHost
+        from rayflow.state import backend_from_name
+
+        opts, chk = self.config.stream, self.config.checkpoint
+        backend = backend_from_name(chk.state_backend, chk.state_dir)
         steps = {s.step_id: s for s in self.flow.steps}
-        for step_id, i in self.plan.instances():
+        handles_in = latest.handles if latest is not None else {}
+        for key in self.plan.instances():
+            step_id, i = key
             step = steps[step_id]
-            ctx = StepContext(step_id, i, step.parallelism, self.flow.name)
-            self.hosts[(step_id, i)] = StepHost.options(
-                num_cpus=opts.actor_num_cpus,
-                scheduling_strategy="SPREAD",
-                name=None,
-            ).remote(step, ctx, opts, self.flow.dead_letter_sink)
+            ctx = StepContext(step_id, i, step.parallelism, self.flow.name, backend,
+                              chk.processing_guarantee)
+            resume = handles_in.get(key)
+            if step.kind == "source" and key in positions:
+                resume = positions[key]  # at-most-once: never replay what already left
+            self.hosts[key] = StepHost.options(
+                num_cpus=opts.actor_num_cpus, scheduling_strategy="SPREAD",
+            ).remote(step, ctx, opts, self.flow.dead_letter_sink, resume, self.coordinator,
+                     chk.tick_s)
         handles: dict[str, list[Any]] = defaultdict(list)
         for (step_id, _i), h in self.hosts.items():
             handles[step_id].append(h)
+        sources = [k for k in self.hosts if steps[k[0]].kind == "source"]
         try:
             ray.get([
-                h.connect.remote(self.plan.outputs[key], dict(handles),
-                                 self.plan.expected_eos[key])
+                h.connect.remote(self.plan.outputs[key], dict(handles), self.plan.inputs[key])
                 for key, h in self.hosts.items()
-            ])
+            ] + [self.coordinator.attach.remote(dict(self.hosts), sources, first_id, latest)])
         except Exception as exc:  # noqa: BLE001 - a step failed to build (bad config, no topic)
             self._teardown()
             self.state = "FAILED"
             self.error = unwrap(exc)
             raise self.error from None
-        self.ready_at = time.time()
-        for key, h in self.hosts.items():
-            if steps[key[0]].kind == "source":
-                self._runs[h.run.remote()] = key
-        self.state = "RUNNING"
-        return self
+        self._runs = {self.hosts[k].run.remote(): k for k in sources}
+
+    def _recover(self, cause: BaseException) -> None:
+        """Restore every instance from the last completed checkpoint and go on."""
+        import ray
+
+        t0 = time.time()
+        restore = ray.get(self.coordinator.detach.remote())
+        self._teardown(keep_coordinator=True)
+        latest = restore["latest"]
+        positions = restore["positions"] if self.config.checkpoint.processing_guarantee == \
+            "at_most_once" else {}
+        self._spawn(latest, restore["next_id"], positions)
+        self.recoveries.append({
+            "cause": f"{type(cause).__name__}: {str(cause).splitlines()[0][:200]}",
+            "restored_checkpoint": latest.checkpoint_id if latest else None,
+            "restart_s": round(time.time() - t0, 3),
+            "at": t0,
+        })
 
     @property
     def startup_s(self) -> float | None:
@@ -81,7 +119,12 @@ class Job:
         return None if self.ready_at is None else self.ready_at - self.started_at
 
     def wait(self, timeout_s: float | None = None) -> Job:
-        """Block until the job finishes; raise :class:`StepError` if a step failed."""
+        """Block until the job finishes; raise :class:`StepError` if a step failed.
+
+        A failure of Ray itself (an actor or node died) is recovered from the last completed
+        checkpoint, up to ``checkpoint.max_restarts`` times; an error in user code is not
+        (it would fail again) and ends the job.
+        """
         import ray
 
         if self.state not in ("RUNNING", "STOPPING"):
@@ -89,34 +132,68 @@ class Job:
                 raise self.error
             return self
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        sinks = [h for (s, _), h in self.hosts.items() if self.flow.step(s).kind == "sink"]
-        done_refs = [h.wait_done.remote() for h in sinks]
-        pending = list(self._runs) + done_refs
-        while pending:
-            if deadline is not None and time.monotonic() > deadline:
-                raise TimeoutError(f"job {self.flow.name!r} still running after {timeout_s}s")
-            ready, pending = ray.wait(pending, num_returns=len(pending), timeout=POLL_S)
-            for ref in ready:
-                try:
-                    ray.get(ref)
-                except Exception as exc:  # noqa: BLE001
-                    self._finish_failed(unwrap(exc))
-            if pending:
-                self._check_failures()
+        while True:
+            sinks = [h for (s, _), h in self.hosts.items() if self.flow.step(s).kind == "sink"]
+            pending = list(self._runs) + [h.wait_done.remote() for h in sinks]
+            failure = None
+            while pending and failure is None:
+                if deadline is not None and time.monotonic() > deadline:
+                    raise TimeoutError(f"job {self.flow.name!r} still running after {timeout_s}s")
+                ready, pending = ray.wait(pending, num_returns=len(pending), timeout=POLL_S)
+                for ref in ready:
+                    try:
+                        ray.get(ref)
+                    except Exception as exc:  # noqa: BLE001
+                        failure = unwrap(exc)
+                        break
+                if failure is None and pending:
+                    failure = self._poll_failure()
+            if failure is None:
+                break
+            if isinstance(failure, StepError) or \
+                    len(self.recoveries) >= self.config.checkpoint.max_restarts:
+                self._finish_failed(failure)
+            self._recover(failure)
         self._collect()
         self.state = "STOPPED" if self.state == "STOPPING" else "FINISHED"
         self.finished_at = time.time()
         self._teardown()
         return self
 
-    def stop(self, timeout_s: float | None = 60.0) -> Job:
-        """Graceful stop: sources end their streams, everything in flight is processed."""
+    def stop(self, timeout_s: float | None = 60.0, savepoint: bool = False) -> Job:
+        """Graceful stop: sources end their streams, everything in flight is processed.
+
+        With ``savepoint=True`` the sources first take a checkpoint and end exactly there, so
+        ``rayflow.run(flow, resume_from=job.last_checkpoint())`` continues without loss or
+        duplicates.
+        """
         import ray
 
         if self.state == "RUNNING":
             self.state = "STOPPING"
-            ray.get([self.hosts[k].stop.remote() for k in self._runs.values()])
+            if savepoint:
+                cid = ray.get(self.coordinator.savepoint.remote(True, timeout_s or 60.0))
+                if cid is None:
+                    raise TimeoutError("the savepoint did not complete")
+            else:
+                ray.get([self.hosts[k].stop.remote() for k in self._runs.values()])
         return self.wait(timeout_s)
+
+    def last_checkpoint(self) -> Any:
+        """The last completed checkpoint (a picklable object to ``resume_from``), or None."""
+        import ray
+
+        if self.coordinator is not None:
+            self._latest = ray.get(self.coordinator.latest.remote())
+        return self._latest
+
+    def checkpoints(self) -> list[dict]:
+        """Every checkpoint so far: id, duration and status."""
+        import ray
+
+        if self.coordinator is not None:
+            self._checkpoints = ray.get(self.coordinator.checkpoints.remote())
+        return self._checkpoints
 
     def cancel(self) -> None:
         """Kill every actor now; in-flight records are lost."""
@@ -133,17 +210,25 @@ class Job:
         if self.state in ("RUNNING", "STOPPING"):
             self.cancel()
 
-    def _check_failures(self) -> None:
+    def _poll_failure(self) -> BaseException | None:
+        """The first error any instance reports, or the error of a dead instance."""
         import ray
 
-        statuses = ray.get([h.status.remote() for h in self.hosts.values()])
-        for st in statuses:
+        refs = [h.status.remote() for h in self.hosts.values()]
+        for ref in refs:
+            try:
+                st = ray.get(ref, timeout=30)
+            except Exception as exc:  # noqa: BLE001 - the actor is gone
+                return unwrap(exc)
             if st["error"] is not None:
-                self._finish_failed(st["error"])
+                return st["error"]
+        return None
 
     def _finish_failed(self, exc: BaseException) -> None:
         if not isinstance(exc, StepError):
             exc = StepError("?", -1, "-", f"{type(exc).__name__}: {exc}")
+        if self.recoveries:
+            exc.reason += f" (after {len(self.recoveries)} recoveries)"
         self.error = exc
         self.state = "FAILED"
         try:
@@ -157,19 +242,27 @@ class Job:
     def _collect(self) -> None:
         import ray
 
+        if self.coordinator is not None:
+            self._latest = ray.get(self.coordinator.latest.remote())
+            self._checkpoints = ray.get(self.coordinator.checkpoints.remote())
         keys = list(self.hosts)
         finals = ray.get([self.hosts[k].final.remote() for k in keys], timeout=60)
         self._finals = dict(zip(keys, finals))
 
-    def _teardown(self) -> None:
+    def _teardown(self, keep_coordinator: bool = False) -> None:
         import ray
 
-        for h in self.hosts.values():
+        actors = list(self.hosts.values())
+        if not keep_coordinator and self.coordinator is not None:
+            actors.append(self.coordinator)
+            self.coordinator = None
+        for h in actors:
             try:
                 ray.kill(h, no_restart=True)
             except Exception:  # noqa: BLE001 - already gone
                 pass
         self.hosts.clear()
+        self._runs = {}
 
     # -- results -------------------------------------------------------------------------
     def collect(self, step_id: str) -> Any:
@@ -217,7 +310,7 @@ class Job:
 
 
 def run(flow: Dataflow, *, config: RayflowConfig | None = None, background: bool = False,
-        timeout_s: float | None = None, **overrides: Any) -> Job:
+        timeout_s: float | None = None, resume_from: Any = None, **overrides: Any) -> Job:
     """Run ``flow`` and return its :class:`Job`.
 
     Args:
@@ -225,10 +318,11 @@ def run(flow: Dataflow, *, config: RayflowConfig | None = None, background: bool
         config: the configuration; ``load_config(**overrides)`` when None.
         background: return as soon as the job runs (then ``job.wait()`` or ``job.stop()``).
         timeout_s: how long ``wait`` may take when not in the background.
+        resume_from: a completed checkpoint (``job.last_checkpoint()``) to start from.
         **overrides: configuration sections, e.g. ``stream={"batch_size": 1000}``.
     """
     config = config or load_config(**overrides)
-    job = Job(flow, config).start()
+    job = Job(flow, config).start(resume_from)
     if not background:
         job.wait(timeout_s)
     return job

@@ -36,6 +36,7 @@ class OutEdge:
     partitioning: Partitioning
     target_instances: tuple[int, ...]
     key_fn: Callable[[Any], Any] | None = None
+    port: str = "main"
 
     @property
     def targets(self) -> list[str]:
@@ -48,6 +49,7 @@ class Plan:
     parallelism: dict[str, int]
     outputs: dict[tuple[str, int], list[OutEdge]] = field(default_factory=dict)
     expected_eos: dict[tuple[str, int], int] = field(default_factory=dict)
+    inputs: dict[tuple[str, int], list[tuple[str, int]]] = field(default_factory=dict)
 
     def instances(self):
         for step_id in self.order:
@@ -64,6 +66,7 @@ def make_plan(flow: Dataflow) -> Plan:
     for key in plan.instances():
         plan.outputs[key] = []
         plan.expected_eos[key] = 0
+        plan.inputs[key] = []
     for step in flow.steps:
         n = step.parallelism
         for edge in step.inputs:
@@ -74,10 +77,11 @@ def make_plan(flow: Dataflow) -> Plan:
             for u in range(m):
                 targets = (u,) if kind == "forward" else tuple(range(n))
                 plan.outputs[(edge.upstream, u)].append(
-                    OutEdge(step.step_id, kind, targets, edge.key_fn)
+                    OutEdge(step.step_id, kind, targets, edge.key_fn, edge.port)
                 )
                 for t in targets:
                     plan.expected_eos[(step.step_id, t)] += 1
+                    plan.inputs[(step.step_id, t)].append((edge.upstream, u))
     return plan
 
 

@@ -1,0 +1,803 @@
+"""Image sources and sinks, and the decode step that turns bad input into dead letters.
+
+Records. Sources emit ``(key, payload)`` tuples: ``key`` names where the image came from (a
+file path, or ``topic/partition@offset``) and ``payload`` is the encoded image (``bytes``), a
+decoded image (``np.ndarray``, the synthetic source) or a :class:`BadInput` when the source
+already knows the input is bad (an unreadable or oversize file, an incomplete chunked image).
+:class:`DecodeImage` turns ``(key, bytes)`` into ``(key, image)`` and sends everything it cannot
+decode (corrupt, truncated, empty, not an image, wrong channel count, oversize) to the
+dead-letter output with the key and the reason; the stream goes on and each is counted.
+Tuples (not objects) keep the runtime's byte estimate of a batch exact, so channels bound
+images in flight by their size.
+
+The W1 pipeline (read PNG files, blur, encode PNG and drop):
+
+    >>> import rayflow as rf
+    >>> from rayflow.connectors.images import DecodeImage, DirectorySource, PngDiscardSink
+    >>> from rayflow.operators.image import GaussianBlur
+    >>> flow = rf.Dataflow("w1")
+    >>> (flow.source("read", DirectorySource("/tmp/images", pattern="*.png"))
+    ...      .apply("decode", DecodeImage(channels=3), on_error="dead_letter")
+    ...      .apply("blur", GaussianBlur(5, 3.0, 3.0))
+    ...      .sink("write", PngDiscardSink()))
+
+Kafka's default message limit is 1 MB. :class:`KafkaImageSink` splits a larger encoded image
+into chunks (each under ``chunk_bytes``, keyed by image so they share a partition), and
+:class:`KafkaImageSource` puts them back together; with ``chunking=False`` a large image is a
+dead letter naming the limit, never a silent drop.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+import struct
+import time
+import uuid
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, NamedTuple
+
+import numpy as np
+
+from rayflow.batches import brief
+from rayflow.connectors.base import SinkSpec, SinkWriter, SourceReader, SourceSpec
+from rayflow.operators.base import DeadLetter, Logic, OperatorSpec, Output, StepContext
+from rayflow.operators.image import Halo, Tile, cut_tile, place_tile, tile_regions
+
+MiB = 1 << 20
+
+
+class BadInput(NamedTuple):
+    """Payload of a record the source could not read; :class:`DecodeImage` dead-letters it."""
+
+    reason: str
+
+
+# -- sources ---------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class DirectorySource(SourceSpec):
+    """Files of a directory as ``(path, bytes)`` records, in name order.
+
+    Instance ``i`` of ``n`` reads every ``n``-th file. With ``watch=True`` the source keeps
+    scanning for new files (until the job is stopped); a file is read once its size and
+    modification time have not changed for ``settle_s``, so half-written files are not read.
+
+    Args:
+        path: the directory.
+        pattern: glob on file names (``*.png``).
+        watch: keep watching for new files instead of ending after the first scan.
+        poll_interval_s: time between scans when watching.
+        settle_s: how long a new file must stay unchanged before it is read (watching only).
+        max_batch_bytes: stop filling a batch once this many bytes were read, so a batch of
+            large images stays small whatever ``batch_size`` says.
+        max_file_bytes: larger files are not read; they become a :class:`BadInput`.
+        recursive: scan subdirectories too.
+    """
+
+    path: str
+    pattern: str = "*"
+    watch: bool = False
+    poll_interval_s: float = 0.5
+    settle_s: float = 0.5
+    max_batch_bytes: int = 4 * MiB
+    max_file_bytes: int | None = 256 * MiB
+    recursive: bool = False
+
+    def build(self, ctx: StepContext, resume_state: Any = None) -> SourceReader:
+        return _DirectoryReader(self, ctx, resume_state)
+
+
+class _DirectoryReader(SourceReader):
+    def __init__(self, spec: DirectorySource, ctx: StepContext, resume_state: Any):
+        self.spec, self.k, self.n = spec, ctx.instance, ctx.parallelism
+        self.root = Path(spec.path)
+        if not self.root.is_dir():
+            raise ValueError(f"DirectorySource: {spec.path!r} is not a directory")
+        self.done: set[str] = set(resume_state or ())
+        self.queue: list[str] = []
+        self.seen_stat: dict[str, tuple[int, int, float]] = {}  # path -> (size, mtime, since)
+        self.last_scan = -1e9
+        self.scanned_once = False
+        self._scan()
+
+    def _names(self) -> list[str]:
+        pat = self.spec.pattern
+        if self.spec.recursive:
+            return sorted(str(p) for p in self.root.rglob("*") if fnmatch.fnmatch(p.name, pat)
+                          and p.is_file())
+        with os.scandir(self.root) as it:
+            return sorted(e.path for e in it if fnmatch.fnmatch(e.name, pat) and e.is_file())
+
+    def _mine(self, name: str, position: int) -> bool:
+        if self.spec.watch:
+            import zlib  # positions shift as files arrive: split by a stable hash of the name
+
+            return zlib.crc32(name.encode()) % self.n == self.k
+        return position % self.n == self.k
+
+    def _scan(self) -> None:
+        now = time.monotonic()
+        self.last_scan = now
+        queued = set(self.queue)
+        for pos, name in enumerate(self._names()):
+            if name in self.done or name in queued or not self._mine(name, pos):
+                continue
+            if self.spec.watch and self.scanned_once:
+                try:
+                    st = os.stat(name)
+                except OSError:
+                    continue
+                sig = (st.st_size, st.st_mtime_ns)
+                prev = self.seen_stat.get(name)
+                if prev is None or prev[:2] != sig:
+                    self.seen_stat[name] = (*sig, now)
+                    continue
+                if now - prev[2] < self.spec.settle_s:
+                    continue
+                self.seen_stat.pop(name, None)
+            self.queue.append(name)
+        self.scanned_once = True
+
+    def poll(self, max_records, timeout_s):
+        if not self.queue and self.spec.watch:
+            wait = self.last_scan + self.spec.poll_interval_s - time.monotonic()
+            if wait > 0:
+                time.sleep(min(wait, timeout_s))
+            if time.monotonic() - self.last_scan >= self.spec.poll_interval_s:
+                self._scan()
+        if not self.queue:
+            return None
+        out, total = [], 0
+        limit = self.spec.max_file_bytes
+        while self.queue and len(out) < max_records and total < self.spec.max_batch_bytes:
+            name = self.queue.pop(0)
+            self.done.add(name)
+            try:
+                size = os.path.getsize(name)
+                if limit is not None and size > limit:
+                    out.append((name, BadInput(f"oversize file: {size} bytes > "
+                                               f"max_file_bytes={limit}")))
+                    continue
+                with open(name, "rb") as f:
+                    data = f.read()
+            except OSError as exc:
+                out.append((name, BadInput(f"unreadable file: {exc.strerror or exc}")))
+                continue
+            out.append((name, data))
+            total += len(data)
+        return out, None
+
+    @property
+    def exhausted(self) -> bool:
+        return not self.spec.watch and not self.queue
+
+    def snapshot(self) -> list[str]:
+        return sorted(self.done)
+
+
+def synthetic_image(i: int, height: int, width: int, channels: int = 3,
+                    seed: int = 0) -> np.ndarray:
+    """A deterministic test image: smooth gradients plus noise (codec cost like a photo's).
+
+    Image ``i`` differs from image ``i + 1``; the same ``(i, seed)`` gives the same pixels.
+    """
+    rng = np.random.default_rng((seed, i))
+    yy = np.linspace(0, 255, height, dtype=np.float32)[:, None]
+    xx = np.linspace(0, 255, width, dtype=np.float32)[None, :]
+    base = (yy * 0.6 + xx * 0.4 + (i * 37) % 256) % 256
+    shape = (height, width) if channels == 1 else (height, width, channels)
+    noise = rng.integers(0, 48, shape, dtype=np.uint8)
+    img = base if channels == 1 else np.repeat(base[:, :, None], channels, axis=2)
+    return (img.astype(np.uint8) + noise).astype(np.uint8)
+
+
+def _size(size: int | tuple[int, int]) -> tuple[int, int]:
+    return (size, size) if isinstance(size, int) else (int(size[0]), int(size[1]))
+
+
+@dataclass(frozen=True)
+class SyntheticImageSource(SourceSpec):
+    """``count`` synthetic images of ``size`` pixels as ``(key, image)`` records.
+
+    Args:
+        count: number of images over all instances.
+        size: side (int) or (height, width).
+        channels: 1 (gray) or 3 (BGR) or 4.
+        encode: an extension such as ``".png"`` to emit encoded ``bytes`` instead of arrays
+            (then decode downstream, like a file source).
+        seed: changes every image.
+        max_batch_bytes: bytes per batch at most (see :class:`DirectorySource`).
+    """
+
+    count: int
+    size: int | tuple[int, int] = 100
+    channels: int = 3
+    encode: str | None = None
+    seed: int = 0
+    max_batch_bytes: int = 4 * MiB
+
+    def build(self, ctx: StepContext, resume_state: Any = None) -> SourceReader:
+        return _SyntheticReader(self, ctx, int(resume_state or 0))
+
+
+class _SyntheticReader(SourceReader):
+    def __init__(self, spec: SyntheticImageSource, ctx: StepContext, done: int):
+        self.spec, self.mine = spec, range(ctx.instance, spec.count, ctx.parallelism)
+        self.done = done
+
+    def poll(self, max_records, timeout_s):
+        spec = self.spec
+        h, w = _size(spec.size)
+        out, total = [], 0
+        while self.done < len(self.mine) and len(out) < max_records \
+                and total < spec.max_batch_bytes:
+            i = self.mine[self.done]
+            img = synthetic_image(i, h, w, spec.channels, spec.seed)
+            payload: Any = img
+            if spec.encode:
+                payload = encode_image(img, spec.encode)
+            out.append((f"synthetic-{i:06d}{spec.encode or ''}", payload))
+            total += len(payload) if isinstance(payload, bytes) else img.nbytes
+            self.done += 1
+        return (out, None) if out else None
+
+    @property
+    def exhausted(self) -> bool:
+        return self.done >= len(self.mine)
+
+    def snapshot(self) -> int:
+        return self.done
+
+
+def write_image_set(directory: str | Path, count: int, size: int | tuple[int, int],
+                    channels: int = 3, ext: str = ".png", seed: int = 0) -> list[Path]:
+    """Write ``count`` synthetic images to ``directory`` (for benchmarks and tests)."""
+    d = Path(directory)
+    d.mkdir(parents=True, exist_ok=True)
+    h, w = _size(size)
+    paths = []
+    for i in range(count):
+        p = d / f"img-{i:06d}{ext}"
+        p.write_bytes(encode_image(synthetic_image(i, h, w, channels, seed), ext))
+        paths.append(p)
+    return paths
+
+
+# -- decoding --------------------------------------------------------------------------------
+
+_PNG_SIG = b"\x89PNG\r\n\x1a\n"
+_IMREAD = {"unchanged": -1, "gray": 0, "color": 1}
+
+
+def png_size(data: bytes) -> tuple[int, int] | None:
+    """(height, width) from a PNG header without decoding, or None if not a PNG."""
+    if len(data) >= 24 and data[:8] == _PNG_SIG and data[12:16] == b"IHDR":
+        w, h = struct.unpack(">II", data[16:24])
+        return h, w
+    return None
+
+
+def check_encoded(data: Any, max_pixels: int | None = None) -> str | None:
+    """Why ``data`` cannot be a complete image, or None if it may be one (cheap checks)."""
+    if isinstance(data, BadInput):
+        return data.reason
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        return f"not encoded image bytes: {type(data).__name__}"
+    if len(data) == 0:
+        return "empty file"
+    if data[:8] == _PNG_SIG:
+        hw = png_size(data)
+        if hw is None:
+            return "corrupt PNG: no IHDR header"
+        if max_pixels is not None and hw[0] * hw[1] > max_pixels:
+            return f"oversize image: {hw[1]}x{hw[0]} > max_pixels={max_pixels}"
+        if b"IEND" not in data[-12:]:
+            return "truncated PNG: no IEND chunk at the end"
+    elif data[:2] == b"\xff\xd8" and b"\xff\xd9" not in data[-64:]:
+        # libjpeg decodes a truncated JPEG with only a warning: catch it here
+        return "truncated JPEG: no end-of-image marker"
+    return None
+
+
+def decode_image(data: bytes, mode: str = "unchanged", channels: int | None = None,
+                 max_pixels: int | None = None) -> np.ndarray:
+    """Decode ``data`` with OpenCV; raise ``ValueError`` saying why when it is bad."""
+    import cv2
+
+    why = check_encoded(data, max_pixels)
+    if why:
+        raise ValueError(why)
+    img = cv2.imdecode(np.frombuffer(data, np.uint8), _IMREAD[mode])
+    if img is None:
+        raise ValueError("not an image, or corrupt: OpenCV could not decode it")
+    got = 1 if img.ndim == 2 else img.shape[2]
+    if channels is not None and got != channels:
+        raise ValueError(f"wrong channel count: {got}, expected {channels}")
+    if max_pixels is not None and img.shape[0] * img.shape[1] > max_pixels:
+        raise ValueError(f"oversize image: {img.shape[1]}x{img.shape[0]} > max_pixels={max_pixels}")
+    return img
+
+
+def encode_image(image: np.ndarray, ext: str = ".png", params: tuple = ()) -> bytes:
+    """Encode with OpenCV (``ext`` such as ``.png``); raise ``ValueError`` on failure."""
+    import cv2
+
+    ok, buf = cv2.imencode(ext, image, list(params))
+    if not ok:
+        raise ValueError(f"OpenCV could not encode {image.shape} {image.dtype} as {ext}")
+    return buf.tobytes()
+
+
+@dataclass(frozen=True)
+class DecodeImage(OperatorSpec):
+    """``(key, bytes)`` → ``(key, image)``; bad input goes to the dead-letter output.
+
+    Each bad record is a dead letter whose ``where`` is the key (file path or Kafka
+    ``topic/partition@offset``) and whose reason says what was wrong: empty file, truncated
+    or corrupt data, not an image, wrong channel count, oversize, or the source's own
+    :class:`BadInput` reason. Dead letters are counted in ``metrics()[step]["dead_letters"]``.
+    Give the step ``on_error="dead_letter"``: under the job default (``raise``) the first
+    bad image stops the job, as any step's dead letter does.
+
+    Args:
+        channels: required channel count (1, 3 or 4); None accepts any.
+        max_pixels: larger images are dead letters (checked from the PNG header before
+            decoding, so a decompression bomb is never expanded).
+        mode: ``unchanged`` (keep channels and depth), ``color`` (BGR) or ``gray``.
+        threads: OpenCV threads per instance.
+
+    Example:
+        >>> from rayflow.connectors.images import DecodeImage
+        >>> DecodeImage(channels=3, max_pixels=4096 * 4096).mode
+        'unchanged'
+    """
+
+    channels: int | None = None
+    max_pixels: int | None = 100_000_000
+    mode: Literal["unchanged", "color", "gray"] = "unchanged"
+    threads: int | None = 1
+
+    def build(self, ctx: StepContext, resume_state: Any = None) -> Logic:
+        return _DecodeLogic(ctx, self)
+
+
+class _DecodeLogic(Logic):
+    def __init__(self, ctx: StepContext, spec: DecodeImage):
+        super().__init__(ctx)
+        self.spec = spec
+
+    def open(self) -> None:
+        if self.spec.threads is not None:
+            import cv2
+
+            cv2.setNumThreads(self.spec.threads)
+
+    def process(self, items, event_times):
+        spec, out, keep, dead = self.spec, [], [], []
+        for i, rec in enumerate(items):
+            key, data = (rec[0], rec[1]) if isinstance(rec, tuple) and len(rec) >= 2 \
+                else (None, rec)
+            try:
+                img = decode_image(data, spec.mode, spec.channels, spec.max_pixels)
+            except Exception as exc:  # noqa: BLE001 - OpenCV errors too: the stream goes on
+                reason = str(exc) if isinstance(exc, ValueError) else f"{type(exc).__name__}: {exc}"
+                dead.append(self.dead(reason, key, "" if key is None else str(key)))
+                continue
+            out.append((key, img))
+            keep.append(i)
+        if dead and event_times is not None:
+            event_times = event_times[keep]
+        return Output(out, event_times, dead)
+
+
+# -- sinks -----------------------------------------------------------------------------------
+
+def _key_image(rec: Any, n: int) -> tuple[Any, np.ndarray]:
+    if isinstance(rec, Tile):
+        return rec.key, rec.data
+    if isinstance(rec, tuple) and len(rec) >= 2:
+        return rec[0], rec[1]
+    return f"image-{n:08d}", rec
+
+
+class _EncodingWriter(SinkWriter):
+    """Encodes each image; subclasses decide what happens to the bytes."""
+
+    def __init__(self, ctx: StepContext, ext: str, params: tuple, threads: int | None):
+        self.ctx, self.ext, self.params = ctx, ext, tuple(params)
+        self.images = self.bytes = 0
+        if threads is not None:
+            import cv2
+
+            cv2.setNumThreads(threads)
+
+    def write(self, items, event_times, in_time):
+        dead = []
+        for rec in items:
+            key, img = _key_image(rec, self.images)
+            try:
+                data = encode_image(img, self.ext, self.params)
+                self.deliver(key, data)
+            except Exception as exc:  # noqa: BLE001 - one bad image must not stop the sink
+                dead.append(DeadLetter(self.ctx.step_id, self.ctx.instance,
+                                       f"{type(exc).__name__}: {exc}", brief(key), str(key)))
+                continue
+            self.images += 1
+            self.bytes += len(data)
+        return dead
+
+    def deliver(self, key: Any, data: bytes) -> None:
+        raise NotImplementedError
+
+    def result(self) -> list[dict]:
+        return [{"instance": self.ctx.instance, "images": self.images, "bytes": self.bytes}]
+
+
+@dataclass(frozen=True)
+class PngDiscardSink(SinkSpec):
+    """The paper's ``/dev/null.png``: encode every image as PNG and drop the bytes.
+
+    ``job.collect(step)`` returns one ``{"instance", "images", "bytes"}`` dict per instance.
+
+    Example:
+        >>> from rayflow.connectors.images import PngDiscardSink
+        >>> PngDiscardSink().ext
+        '.png'
+    """
+
+    params: tuple = ()
+    threads: int | None = 1
+    ext: str = ".png"
+
+    def build(self, ctx: StepContext, resume_state: Any = None) -> SinkWriter:
+        return _DiscardEncodedWriter(ctx, self.ext, self.params, self.threads)
+
+
+class _DiscardEncodedWriter(_EncodingWriter):
+    def deliver(self, key, data):
+        pass
+
+
+@dataclass(frozen=True)
+class DirectorySink(SinkSpec):
+    """Encode each ``(key, image)`` and write it to ``path``/<name of key><ext>.
+
+    Files appear atomically (written to a temporary name, then renamed), so a
+    :class:`DirectorySource` watching ``path`` never reads half a file.
+    """
+
+    path: str
+    ext: str = ".png"
+    params: tuple = ()
+    threads: int | None = 1
+
+    def build(self, ctx: StepContext, resume_state: Any = None) -> SinkWriter:
+        Path(self.path).mkdir(parents=True, exist_ok=True)
+        return _DirectoryWriter(ctx, self)
+
+
+class _DirectoryWriter(_EncodingWriter):
+    def __init__(self, ctx: StepContext, spec: DirectorySink):
+        super().__init__(ctx, spec.ext, spec.params, spec.threads)
+        self.dir = Path(spec.path)
+
+    def deliver(self, key, data):
+        stem = Path(str(key)).stem or f"image-{self.images:08d}"
+        stem = stem.replace("/", "_").replace("@", "_")
+        final = self.dir / f"{stem}{self.ext}"
+        tmp = self.dir / f".{stem}.{self.ctx.instance}.tmp"
+        tmp.write_bytes(data)
+        os.replace(tmp, final)
+
+
+# -- Kafka: chunked images -------------------------------------------------------------------
+
+# Chunk header: magic, image id, chunk index, chunk count, total bytes, key length; then key.
+_MAGIC = b"RFI1"
+_HEADER = struct.Struct(">4s16sIIQH")
+
+
+def chunk_image(data: bytes, key: str, chunk_bytes: int) -> list[bytes]:
+    """Split an encoded image into Kafka messages of at most ``chunk_bytes`` bytes each."""
+    kb = key.encode()[:1024]
+    room = chunk_bytes - _HEADER.size - len(kb)
+    if room <= 0:
+        raise ValueError(f"chunk_bytes={chunk_bytes} leaves no room for data")
+    count = max(1, -(-len(data) // room))
+    image_id = uuid.uuid4().bytes
+    return [_HEADER.pack(_MAGIC, image_id, i, count, len(data), len(kb)) + kb
+            + data[i * room : (i + 1) * room] for i in range(count)]
+
+
+def chunk_message_key(message: bytes) -> bytes:
+    """Kafka key of a chunk: its image id, so every chunk of an image shares a partition."""
+    return message[4:20] if message[:4] == _MAGIC else b""
+
+
+@dataclass(frozen=True)
+class KafkaImageSink(SinkSpec):
+    """Encode each ``(key, image)`` and write it to a Kafka topic, chunked when large.
+
+    Args:
+        topic, bootstrap, client, options: as for :class:`rayflow.KafkaSink`.
+        ext: encoding (``.png``).
+        chunk_bytes: largest message written; keep it under the broker's
+            ``message.max.bytes`` (1 MB by default).
+        chunking: False writes each image as one message; an image over ``chunk_bytes``
+            is then a dead letter naming the limit.
+    """
+
+    topic: str
+    bootstrap: str | None = None
+    ext: str = ".png"
+    params: tuple = ()
+    chunk_bytes: int = 900_000
+    chunking: bool = True
+    client: Literal["kafka-python", "confluent"] = "kafka-python"
+    options: dict = field(default_factory=dict)
+    threads: int | None = 1
+
+    def build(self, ctx: StepContext, resume_state: Any = None) -> SinkWriter:
+        from rayflow.connectors.kafka import KafkaSink
+
+        inner = KafkaSink(self.topic, bootstrap=self.bootstrap, key=chunk_message_key,
+                          max_message_bytes=self.chunk_bytes, client=self.client,
+                          options=self.options).build(ctx)
+        return _KafkaImageWriter(ctx, self, inner)
+
+
+class _KafkaImageWriter(_EncodingWriter):
+    def __init__(self, ctx, spec: KafkaImageSink, inner: SinkWriter):
+        super().__init__(ctx, spec.ext, spec.params, spec.threads)
+        self.spec, self.inner, self.pending = spec, inner, []
+
+    def deliver(self, key, data):
+        spec = self.spec
+        if spec.chunking:
+            self.pending.extend(chunk_image(data, str(key), spec.chunk_bytes))
+            return
+        kb = str(key).encode()[:1024]
+        msg = _HEADER.pack(_MAGIC, uuid.uuid4().bytes, 0, 1, len(data), len(kb)) + kb + data
+        if len(msg) > spec.chunk_bytes:
+            raise ValueError(f"encoded image of {len(msg)} bytes exceeds the Kafka message "
+                             f"limit chunk_bytes={spec.chunk_bytes}; enable chunking")
+        self.pending.append(msg)
+
+    def write(self, items, event_times, in_time):
+        dead = super().write(items, event_times, in_time)
+        if self.pending:
+            dead = dead + list(self.inner.write(self.pending, None, in_time) or ())
+            self.pending = []
+        return dead
+
+    def flush(self):
+        self.inner.flush()
+
+    def close(self):
+        self.inner.close()
+
+
+@dataclass(frozen=True)
+class KafkaImageSource(SourceSpec):
+    """Encoded images from a Kafka topic as ``(topic/partition@offset, bytes)`` records.
+
+    Messages written by :class:`KafkaImageSink` are reassembled from their chunks; any
+    other message is taken as one whole encoded image. An image whose chunks do not all
+    arrive (the topic ends, or more than ``max_pending_bytes`` of partial images pile up)
+    becomes a :class:`BadInput` record, so :class:`DecodeImage` dead-letters it with the
+    offset of its first chunk.
+
+    Args:
+        topic, bootstrap, start, bounded, client, options: as for :class:`rayflow.KafkaSource`.
+        max_image_bytes: a chunked image announcing more bytes is rejected.
+        max_pending_bytes: bytes of partial images held at most.
+    """
+
+    topic: str
+    bootstrap: str | None = None
+    start: Literal["earliest", "latest", "committed"] = "earliest"
+    group_id: str | None = None
+    bounded: bool = False
+    client: Literal["kafka-python", "confluent"] = "kafka-python"
+    options: dict = field(default_factory=dict)
+    max_image_bytes: int = 256 * MiB
+    max_pending_bytes: int = 512 * MiB
+
+    def build(self, ctx: StepContext, resume_state: Any = None) -> SourceReader:
+        from rayflow.connectors.kafka import KafkaSource
+
+        inner = KafkaSource(self.topic, bootstrap=self.bootstrap, start=self.start,
+                            group_id=self.group_id, bounded=self.bounded, client=self.client,
+                            options=self.options).build(ctx, resume_state)
+        return _KafkaImageReader(self, inner)
+
+
+class _Partial:
+    __slots__ = ("key", "where", "count", "total", "parts", "size", "event_time")
+
+    def __init__(self, key: str, where: str, count: int, total: int):
+        self.key, self.where, self.count, self.total = key, where, count, total
+        self.parts: dict[int, bytes] = {}
+        self.size = 0
+        self.event_time = 0.0
+
+
+class _KafkaImageReader(SourceReader):
+    def __init__(self, spec: KafkaImageSource, inner: Any):
+        self.spec, self.inner = spec, inner
+        self.partial: OrderedDict[bytes, _Partial] = OrderedDict()
+        self.pending_bytes = 0
+        self.flushed = False
+
+    def _positions(self, n: int) -> list[tuple[int, int]]:
+        # KafkaSource's reader keeps the (partition, offset) of its last poll; a bounded read
+        # drops records past the end offsets, which we drop the same way.
+        pos = list(getattr(self.inner.c, "last_positions", []) or [])
+        if len(pos) != n and getattr(self.inner, "end", None):
+            pos = [(p, o) for p, o in pos if o < self.inner.end[p]]
+        return pos if len(pos) == n else [(-1, -1)] * n
+
+    def poll(self, max_records, timeout_s):
+        got = self.inner.poll(max_records, timeout_s)
+        out, times = [], []
+        if got is not None:
+            values, stamps = got
+            stamps = np.zeros(len(values)) if stamps is None else stamps
+            for (p, off), v, t in zip(self._positions(len(values)), values, stamps):
+                where = f"{self.spec.topic}/{p}@{off}"
+                for rec in self._take(v, where, float(t)):
+                    out.append(rec[:2])
+                    times.append(rec[2])
+        if self.inner.exhausted and not self.flushed:
+            self.flushed = True  # the topic ended: what is still partial never completes
+            for part in self.partial.values():
+                out.append((part.where, BadInput(
+                    f"incomplete chunked image {part.key!r}: {len(part.parts)} of "
+                    f"{part.count} chunks at end of topic")))
+                times.append(part.event_time)
+            self.partial.clear()
+            self.pending_bytes = 0
+        return (out, np.asarray(times, dtype=np.float64)) if out else None
+
+    def _take(self, v: bytes, where: str, t: float) -> list[tuple]:
+        if v is None or len(v) < _HEADER.size or v[:4] != _MAGIC:
+            return [(where, v if v is not None else b"", t)]
+        _, image_id, idx, count, total, klen = _HEADER.unpack_from(v)
+        key = v[_HEADER.size : _HEADER.size + klen].decode(errors="replace")
+        data = v[_HEADER.size + klen :]
+        if total > self.spec.max_image_bytes:
+            return [(where, BadInput(f"oversize image {key!r}: {total} bytes > "
+                                     f"max_image_bytes={self.spec.max_image_bytes}"), t)] \
+                if idx == 0 else []
+        if count == 1:
+            return [(where, data, t)]
+        part = self.partial.get(image_id)
+        if part is None:
+            part = self.partial[image_id] = _Partial(key, where, count, total)
+        if idx in part.parts or idx >= count:
+            return []
+        part.parts[idx] = data
+        part.size += len(data)
+        part.event_time = max(part.event_time, t)
+        self.pending_bytes += len(data)
+        out: list[tuple] = []
+        if len(part.parts) == count:
+            del self.partial[image_id]
+            self.pending_bytes -= part.size
+            blob = b"".join(part.parts[i] for i in range(count))
+            if len(blob) != total:
+                out.append((part.where, BadInput(f"chunked image {key!r}: {len(blob)} bytes, "
+                                                 f"header says {total}"), t))
+            else:
+                out.append((part.where, blob, t))
+        while self.pending_bytes > self.spec.max_pending_bytes and self.partial:
+            _, old = self.partial.popitem(last=False)
+            self.pending_bytes -= old.size
+            out.append((old.where, BadInput(f"incomplete chunked image {old.key!r} evicted: "
+                                            f"over max_pending_bytes"), t))
+        return out
+
+    @property
+    def exhausted(self) -> bool:
+        return self.inner.exhausted and self.flushed
+
+    def snapshot(self) -> Any:
+        return self.inner.snapshot()
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+# -- out-of-core tiles: images larger than memory ------------------------------------------
+
+@dataclass(frozen=True)
+class NpyTileSource(SourceSpec):
+    """Tiles (with halo) of one large image stored as a ``.npy`` file, read tile by tile.
+
+    Each poll maps the file, copies out the tile and unmaps it again, so a source instance
+    holds one batch of tiles, never the image: memory stays flat whatever the image size.
+    Instance ``i`` of ``n`` reads tiles ``i, i + n, ...``.
+
+    Args:
+        path: the ``.npy`` file (H × W or H × W × C).
+        tile: tile size, int or (height, width).
+        halo: the filter's halo (``spec.halo``).
+        border: the filter's border (``spec.border``).
+        tiles_per_batch: tiles per batch at most.
+    """
+
+    path: str
+    tile: int | tuple[int, int]
+    halo: Halo
+    border: str = "reflect101"
+    tiles_per_batch: int = 2
+
+    def build(self, ctx: StepContext, resume_state: Any = None) -> SourceReader:
+        return _NpyTileReader(self, ctx, int(resume_state or 0))
+
+
+class _NpyTileReader(SourceReader):
+    def __init__(self, spec: NpyTileSource, ctx: StepContext, done: int):
+        self.spec = spec
+        arr = np.load(spec.path, mmap_mode="r")
+        self.shape = tuple(arr.shape)
+        del arr
+        regions = tile_regions(self.shape, spec.tile)
+        self.count = len(regions)
+        self.mine = [(i, regions[i]) for i in range(ctx.instance, self.count, ctx.parallelism)]
+        self.done = done
+
+    def poll(self, max_records, timeout_s):
+        if self.exhausted:
+            return None
+        spec, out = self.spec, []
+        image = np.load(spec.path, mmap_mode="r")
+        try:
+            while self.done < len(self.mine) and len(out) < min(max_records, spec.tiles_per_batch):
+                i, (y0, y1, x0, x1) = self.mine[self.done]
+                data = cut_tile(image, y0, y1, x0, x1, Halo(*spec.halo), spec.border)
+                out.append(Tile(spec.path, i, self.count, y0, x0, y1 - y0, x1 - x0,
+                                self.shape, Halo(*spec.halo), data))
+                self.done += 1
+        finally:
+            del image  # unmap: the pages read leave this process's memory
+        return out, None
+
+    @property
+    def exhausted(self) -> bool:
+        return self.done >= len(self.mine)
+
+    def snapshot(self) -> int:
+        return self.done
+
+
+@dataclass(frozen=True)
+class NpyTileSink(SinkSpec):
+    """Write filtered tiles into an existing ``.npy`` file (made with
+    ``np.lib.format.open_memmap``), mapping it per batch so memory stays flat."""
+
+    path: str
+
+    def build(self, ctx: StepContext, resume_state: Any = None) -> SinkWriter:
+        return _NpyTileWriter(ctx, self.path)
+
+
+class _NpyTileWriter(SinkWriter):
+    def __init__(self, ctx: StepContext, path: str):
+        self.ctx, self.path, self.tiles = ctx, path, 0
+
+    def write(self, items, event_times, in_time):
+        out = np.load(self.path, mmap_mode="r+")
+        try:
+            for t in items:
+                place_tile(out, t)
+                self.tiles += 1
+            out.flush()
+        finally:
+            del out
+
+    def result(self) -> list[dict]:
+        return [{"instance": self.ctx.instance, "tiles": self.tiles}]

@@ -1,0 +1,44 @@
+"""MPI stages on Ray: block datasets, gang-scheduled ``mpimap``, communicators, Cannon and CG.
+
+Usage: ``C = rayflow.hpc.cannon_matmul(a, b, grid=2).to_numpy()``
+
+Names are loaded lazily (PEP 562), so ``import rayflow.hpc.cannon_index`` or
+``rayflow.hpc.cg_math`` (pure logic) does not import Ray.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "BlockDataset": "rayflow.hpc.dataset",
+    "mpimap": "rayflow.hpc.stage",
+    "StageInfo": "rayflow.hpc.stage",
+    "StageError": "rayflow.hpc.stage",
+    "Gang": "rayflow.hpc.gang",
+    "Communicator": "rayflow.hpc.comm",
+    "CartComm": "rayflow.hpc.comm",
+    "cannon_matmul": "rayflow.hpc.cannon",
+    "cg_solve": "rayflow.hpc.cg",
+    "CGResult": "rayflow.hpc.cg",
+    "shuffle_matmul": "rayflow.hpc.baselines",
+    "broadcast_cg": "rayflow.hpc.baselines",
+    "register_ray_backend": "rayflow.hpc.ray_backend",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    try:
+        module = _EXPORTS[name]
+    except KeyError:
+        raise AttributeError(f"module 'rayflow.hpc' has no attribute {name!r}") from None
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return __all__

@@ -1,0 +1,96 @@
+"""Cannon's matrix multiplication as one MPI stage on a ``p x p`` gang.
+
+Usage: ``C = cannon_matmul(a, b, grid=2).to_numpy()``
+
+The initial skew costs nothing here: rank ``(i, j)`` is simply handed the refs of
+``A_{i,(i+j) mod p}`` and ``B_{(i+j) mod p,j}`` (:func:`~rayflow.hpc.cannon_index.skew_a_source`),
+which MPI codes must move with a shift. Then each of the ``p`` rounds sends the A block left
+and the B block up *before* the local GEMM, so the transfer overlaps the multiplication, and
+receives the next pair after it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from rayflow.hpc.cannon_index import grid_side, skew_a_source, skew_b_source
+from rayflow.hpc.dataset import BlockDataset
+from rayflow.hpc.stage import mpimap
+
+
+def cannon_rank(comm, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """The rank function: ``C_ij`` from the skewed blocks ``a`` and ``b`` (usable directly)."""
+    p = grid_side(comm.size)
+    cart = comm.create_cart((p, p))
+    i, j = cart.coords
+    left, right = cart.get_cart_rank((i, j - 1)), cart.get_cart_rank((i, j + 1))
+    up, down = cart.get_cart_rank((i - 1, j)), cart.get_cart_rank((i + 1, j))
+    c = np.zeros((a.shape[0], b.shape[1]), dtype=np.result_type(a.dtype, b.dtype))
+    for t in range(p):
+        last = t == p - 1
+        if not last:
+            cart.send(a, left, tag=1)
+            cart.send(b, up, tag=2)
+        c += a @ b
+        if not last:
+            a = cart.recv(right, tag=1)
+            b = cart.recv(down, tag=2)
+    return c
+
+
+def _as_grid(x: Any, p: int, what: str) -> BlockDataset:
+    if isinstance(x, BlockDataset):
+        if x.grid != (p, p):
+            raise ValueError(f"{what} has a {x.grid} block grid; Cannon needs ({p}, {p})")
+        return x
+    x = np.asarray(x)
+    if x.ndim != 2:
+        raise ValueError(f"{what} must be a matrix, got shape {x.shape}")
+    return BlockDataset.from_numpy(x, (p, p))
+
+
+def cannon_matmul(
+    a: BlockDataset | np.ndarray,
+    b: BlockDataset | np.ndarray,
+    grid: int | None = None,
+    ranks: int | None = None,
+    **stage_options: Any,
+) -> BlockDataset:
+    """``a @ b`` by Cannon's algorithm on a ``grid x grid`` gang.
+
+    Args:
+        a: ``m x k`` matrix, numpy or a ``BlockDataset`` on a square grid.
+        b: ``k x n`` matrix, same kind; its row split must match ``a``'s column split.
+        grid: the grid side ``p`` (``p * p`` ranks); inferred from dataset inputs.
+        ranks: alternatively the number of ranks, which must be a perfect square.
+        **stage_options: passed to :func:`~rayflow.hpc.stage.mpimap` (gang, backend, ...).
+
+    Returns:
+        C as a ``BlockDataset`` on the same grid (``.to_numpy()`` gathers it).
+
+    Raises:
+        ValueError: the rank count is not a perfect square, or the shapes do not match.
+    """
+    if ranks is not None:
+        p = grid_side(ranks)
+    elif grid is not None:
+        p = int(grid)
+    elif isinstance(a, BlockDataset):
+        p = grid_side(a.num_blocks)
+    else:
+        p = 1
+    if p < 1:
+        raise ValueError(f"grid side must be positive, got {p}")
+    if not isinstance(a, BlockDataset) and not isinstance(b, BlockDataset):
+        if np.shape(a)[1] != np.shape(b)[0]:
+            raise ValueError(f"shapes {np.shape(a)} and {np.shape(b)} do not multiply")
+    A, B = _as_grid(a, p, "A"), _as_grid(b, p, "B")
+    if A.col_sizes is not None and B.row_sizes is not None and A.col_sizes != B.row_sizes:
+        raise ValueError(f"A's column blocks {A.col_sizes} differ from B's row blocks {B.row_sizes}")
+    a_skew = A.take(lambda i, j: skew_a_source(i, j, p))
+    b_skew = B.take(lambda i, j: skew_b_source(i, j, p))
+    stage_options.setdefault("name", "cannon")
+    out = mpimap(cannon_rank, a_skew, b_skew, **stage_options)
+    return BlockDataset(out.refs, (p, p), A.row_sizes, B.col_sizes, stage=out.stage)

@@ -1,0 +1,430 @@
+"""The MPI-style communicator handed to every rank of an MPI stage.
+
+Usage: ``total = comm.allreduce(local_sum, op="sum")`` inside ``fn(comm, *blocks)``
+
+The API follows mpi4py's lowercase, object-based methods (``send``, ``recv``, ``sendrecv``,
+``bcast``, ``reduce``, ``allreduce``, ``allgather``, ``reduce_scatter``, ``barrier``) plus
+``sendrecv_replace`` and a periodic Cartesian topology (:class:`CartComm`) with ``shift`` and
+row/column sub-communicators.
+
+Collectives are written once here, over two point-to-point primitives of a *transport*
+(``send(dest, key, obj)``, non-blocking and buffered, and ``recv(src, key)``). A backend may
+also offer native collectives for the world group (gloo does); sub-communicators always use
+the point-to-point algorithms, since gloo supports a single world per process and its
+subgroups gave wrong sums (RAY_NOTES). The algorithms are "direct": every rank sends to its
+peers at once, so a collective costs one message latency (two for large allreduces), which
+suits Ray's asynchronous actor calls better than a ring of ``p - 1`` sequential hops.
+
+Messages are matched by key ``(kind, context, tag, sequence)``: the sequence number counts
+earlier messages between the same pair and tag on each side, so the match never depends on
+arrival order. Results of reductions combine contributions in rank order, so every rank gets
+bit-identical values (CG relies on this to take identical branches everywhere).
+
+Arrays received may be read-only views of Ray's object store: copy before mutating.
+No Ray is imported by this module.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import defaultdict
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+import numpy as np
+
+from rayflow.hpc.cannon_index import split_sizes
+
+#: Reduction operators accepted by ``reduce``/``allreduce``/``reduce_scatter``.
+REDUCE_OPS = {
+    "sum": np.add,
+    "prod": np.multiply,
+    "min": np.minimum,
+    "max": np.maximum,
+}
+
+# Arrays above this size are all-reduced as reduce-scatter + allgather (two hops, each rank
+# moves ~2x its array) rather than all-to-all (one hop, each rank moves (p-1)x its array).
+_LARGE_ALLREDUCE_BYTES = 256 * 1024
+
+
+# Up to this many ranks small allreduces go all-to-all (one hop, p(p-1) messages).
+_DIRECT_ALLREDUCE_MAX_RANKS = 2
+
+
+class Transport(Protocol):
+    """Point-to-point messaging between the world ranks of one gang."""
+
+    rank: int
+    size: int
+
+    def send(self, dest: int, key: tuple, obj: Any) -> None:
+        """Deliver ``obj`` to world rank ``dest`` under ``key``; returns without waiting.
+
+        The transport must snapshot ``obj`` before returning (MPI's buffered send): callers
+        reuse the buffer at once (``sendrecv_replace``, Cannon's shifts).
+        """
+
+    def send_many(self, dests: Sequence[int], key: tuple, obj: Any) -> None:
+        """Deliver the same ``obj`` to several ranks (a backend may serialise it once)."""
+
+    def recv(self, src: int, key: tuple) -> Any:
+        """Block until the message from world rank ``src`` under ``key`` arrives; return it."""
+
+
+def _reduce_values(values: list[Any], op: str) -> Any:
+    try:
+        fn = REDUCE_OPS[op]
+    except KeyError:
+        raise ValueError(f"unknown reduce op {op!r}; use one of {sorted(REDUCE_OPS)}") from None
+    acc = values[0]
+    for v in values[1:]:
+        acc = fn(acc, v)
+    if isinstance(acc, np.ndarray) and acc is values[0]:
+        acc = acc.copy()  # never hand back the caller's (or a read-only) buffer
+    return acc
+
+
+class Communicator:
+    """A group of ranks that exchange messages; rank ``r`` of this group is a world rank.
+
+    Attributes:
+        rank: this process's rank in the group (0-based).
+        size: the number of ranks in the group.
+        attempt: the stage attempt (0 on the first run, 1 after one recovery, ...).
+    """
+
+    def __init__(
+        self,
+        transport: Transport,
+        members: Sequence[int] | None = None,
+        context: tuple = ("world",),
+        native: Any = None,
+        attempt: int = 0,
+    ):
+        self._t = transport
+        self._members = list(range(transport.size)) if members is None else list(members)
+        self._index = {w: i for i, w in enumerate(self._members)}
+        self.rank = self._index[transport.rank]
+        self.size = len(self._members)
+        self._ctx = context
+        self._native = native  # native world collectives (gloo), or None
+        self.attempt = attempt
+        self._send_seq: dict[tuple[int, Any], itertools.count] = defaultdict(itertools.count)
+        self._recv_seq: dict[tuple[int, Any], itertools.count] = defaultdict(itertools.count)
+        self._coll_seq = itertools.count()
+        self._split_seq = itertools.count()
+
+    # ----------------------------------------------------------------- helpers
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(rank={self.rank}, size={self.size}, context={self._ctx})"
+
+    @property
+    def backend(self) -> str:
+        """The transport's backend name (``"ray"`` or ``"gloo"``)."""
+        return getattr(self._t, "backend", "unknown")
+
+    def world_rank(self, rank: int) -> int:
+        """The world rank of group rank ``rank``."""
+        return self._members[rank]
+
+    def _check_rank(self, r: int, what: str) -> None:
+        if not 0 <= r < self.size:
+            raise ValueError(f"{what} rank {r} out of range for a group of size {self.size}")
+
+    def _ckey(self, phase: str = "") -> tuple:
+        return ("c", self._ctx, next(self._coll_seq), phase)
+
+    def _send_to(self, dest: int, key: tuple, obj: Any) -> None:
+        self._t.send(self._members[dest], key, obj)
+
+    def _recv_from(self, src: int, key: tuple) -> Any:
+        return self._t.recv(self._members[src], key)
+
+    # ---------------------------------------------------------- point-to-point
+    def send(self, obj: Any, dest: int, tag: int = 0) -> None:
+        """Send ``obj`` to ``dest``; buffered, so it returns before the receiver reads it."""
+        self._check_rank(dest, "destination")
+        seq = next(self._send_seq[(dest, tag)])
+        self._send_to(dest, ("p", self._ctx, tag, seq), obj)
+
+    def recv(self, source: int, tag: int = 0) -> Any:
+        """Receive the next object sent by ``source`` with ``tag``."""
+        self._check_rank(source, "source")
+        seq = next(self._recv_seq[(source, tag)])
+        return self._recv_from(source, ("p", self._ctx, tag, seq))
+
+    def sendrecv(
+        self, sendobj: Any, dest: int, source: int | None = None, sendtag: int = 0,
+        recvtag: int | None = None,
+    ) -> Any:
+        """Send to ``dest`` and receive from ``source`` (default: ``dest``) without deadlock."""
+        self.send(sendobj, dest, sendtag)
+        return self.recv(dest if source is None else source, sendtag if recvtag is None else recvtag)
+
+    def sendrecv_replace(
+        self, buf: np.ndarray, dest: int, source: int | None = None, sendtag: int = 0,
+        recvtag: int | None = None,
+    ) -> np.ndarray:
+        """Send ``buf`` to ``dest`` and overwrite it with the array received from ``source``.
+
+        The received array must have ``buf``'s shape; ``buf`` must be writable.
+        """
+        got = self.sendrecv(buf, dest, source, sendtag, recvtag)
+        got = np.asarray(got)
+        if got.shape != buf.shape:
+            raise ValueError(f"sendrecv_replace: received shape {got.shape}, buffer {buf.shape}")
+        np.copyto(buf, got)
+        return buf
+
+    # ------------------------------------------------------------- collectives
+    def barrier(self) -> None:
+        """Return once every rank of the group has entered the barrier."""
+        if self._native is not None:
+            self._native.barrier()
+            return
+        self.allgather(None)
+
+    def bcast(self, obj: Any, root: int = 0) -> Any:
+        """Return ``root``'s ``obj`` on every rank."""
+        self._check_rank(root, "root")
+        if self._native is not None:
+            return self._native.bcast(obj, root)
+        key = self._ckey("bcast")
+        if self.size == 1:
+            return obj
+        if self.rank == root:
+            self._t.send_many([self._members[r] for r in range(self.size) if r != root], key, obj)
+            return obj
+        return self._recv_from(root, key)
+
+    def gather(self, obj: Any, root: int = 0) -> list[Any] | None:
+        """Return the list of every rank's ``obj`` on ``root`` (``None`` elsewhere)."""
+        self._check_rank(root, "root")
+        key = self._ckey("gather")
+        if self.rank != root:
+            self._send_to(root, key, obj)
+            return None
+        return [obj if r == root else self._recv_from(r, key) for r in range(self.size)]
+
+    def scatter(self, objs: Sequence[Any] | None, root: int = 0) -> Any:
+        """Return ``objs[rank]`` of ``root``'s list on each rank."""
+        self._check_rank(root, "root")
+        key = self._ckey("scatter")
+        if self.rank == root:
+            if objs is None or len(objs) != self.size:
+                raise ValueError(f"scatter needs {self.size} objects on the root")
+            for r in range(self.size):
+                if r != root:
+                    self._send_to(r, key, objs[r])
+            return objs[root]
+        return self._recv_from(root, key)
+
+    def allgather(self, obj: Any) -> list[Any]:
+        """Return the list of every rank's ``obj`` (index = rank) on every rank."""
+        if self._native is not None:
+            return self._native.allgather(obj)
+        key = self._ckey("allgather")
+        others = [r for r in range(self.size) if r != self.rank]
+        if others:
+            self._t.send_many([self._members[r] for r in others], key, obj)
+        return [obj if r == self.rank else self._recv_from(r, key) for r in range(self.size)]
+
+    def alltoall(self, objs: Sequence[Any]) -> list[Any]:
+        """Send ``objs[r]`` to rank ``r``; return what each rank sent here (index = source)."""
+        if len(objs) != self.size:
+            raise ValueError(f"alltoall needs {self.size} objects, got {len(objs)}")
+        key = self._ckey("alltoall")
+        for r in range(self.size):
+            if r != self.rank:
+                self._send_to(r, key, objs[r])
+        return [objs[r] if r == self.rank else self._recv_from(r, key) for r in range(self.size)]
+
+    def reduce(self, obj: Any, op: str = "sum", root: int = 0) -> Any:
+        """Combine every rank's ``obj`` elementwise with ``op``; the result on ``root`` only."""
+        vals = self.gather(obj, root)
+        return None if vals is None else _reduce_values(vals, op)
+
+    def allreduce(self, obj: Any, op: str = "sum") -> Any:
+        """Combine every rank's ``obj`` (scalar or array) with ``op``; the result everywhere."""
+        if op not in REDUCE_OPS:
+            raise ValueError(f"unknown reduce op {op!r}; use one of {sorted(REDUCE_OPS)}")
+        if self._native is not None:
+            return self._native.allreduce(obj, op)
+        if (
+            isinstance(obj, np.ndarray)
+            and obj.nbytes > _LARGE_ALLREDUCE_BYTES
+            and self.size > 2
+            and obj.ndim >= 1
+            and obj.shape[0] >= self.size
+        ):
+            piece = self.reduce_scatter(obj, op)
+            return np.concatenate(self.allgather(piece), axis=0)
+        if self.size <= _DIRECT_ALLREDUCE_MAX_RANKS:
+            return _reduce_values(self.allgather(obj), op)
+        # Reduce at rank 0, then broadcast: 2(p-1) messages in two hops instead of p(p-1) in
+        # one; on few cores the message count, not the hop count, sets the time.
+        return self.bcast(self.reduce(obj, op, 0), 0)
+
+    def reduce_scatter(
+        self, array: np.ndarray, op: str = "sum", counts: Sequence[int] | None = None
+    ) -> np.ndarray:
+        """Reduce ``array`` across ranks and return this rank's piece of the result.
+
+        The array is split along axis 0 into ``counts`` rows per rank (default: near-equal
+        pieces, larger first).
+        """
+        array = np.asarray(array)
+        counts = list(counts) if counts is not None else split_sizes(array.shape[0], self.size)
+        if len(counts) != self.size or sum(counts) != array.shape[0]:
+            raise ValueError(f"counts {counts} do not split {array.shape[0]} rows over {self.size}")
+        if self._native is not None:
+            return self._native.reduce_scatter(array, op, counts)
+        key = self._ckey("reduce_scatter")
+        bounds = np.cumsum([0, *counts])
+        for r in range(self.size):
+            if r != self.rank:
+                self._send_to(r, key, array[bounds[r] : bounds[r + 1]])
+        mine = array[bounds[self.rank] : bounds[self.rank + 1]]
+        vals = [mine if r == self.rank else self._recv_from(r, key) for r in range(self.size)]
+        return _reduce_values(vals, op)
+
+    # ---------------------------------------------------------------- topology
+    def split(self, color: int, key: int = 0) -> Communicator:
+        """Partition the group by ``color``; ranks are ordered by ``(key, rank)`` (MPI_Comm_split)."""
+        seq = next(self._split_seq)
+        pairs = self.allgather((color, key))
+        members = sorted(
+            (k, r) for r, (c, k) in enumerate(pairs) if c == color
+        )
+        world = [self._members[r] for _, r in members]
+        return Communicator(self._t, world, (self._ctx, "split", seq, color), attempt=self.attempt)
+
+    def create_cart(
+        self, dims: Sequence[int], periods: Sequence[bool] | None = None
+    ) -> CartComm:
+        """A Cartesian view of this group, ranks laid out row-major (MPI_Cart_create).
+
+        Raises:
+            ValueError: ``prod(dims)`` differs from the group size.
+        """
+        dims = tuple(int(d) for d in dims)
+        if int(np.prod(dims)) != self.size:
+            raise ValueError(f"cartesian dims {dims} need {int(np.prod(dims))} ranks, group has {self.size}")
+        periods = tuple(bool(p) for p in (periods if periods is not None else [True] * len(dims)))
+        seq = next(self._split_seq)
+        return CartComm(self._t, self._members, (self._ctx, "cart", seq, dims), dims, periods,
+                        native=self._native, attempt=self.attempt)
+
+
+class CartComm(Communicator):
+    """A communicator with a Cartesian (row-major) topology.
+
+    Attributes:
+        dims: the grid shape.
+        periods: whether each dimension wraps around.
+        coords: this rank's grid coordinates.
+    """
+
+    def __init__(self, transport, members, context, dims, periods, native=None, attempt=0):
+        super().__init__(transport, members, context, native=native, attempt=attempt)
+        self.dims = tuple(dims)
+        self.periods = tuple(periods)
+        self.coords = self.get_coords(self.rank)
+
+    def get_coords(self, rank: int) -> tuple[int, ...]:
+        """Coordinates of ``rank`` (row-major)."""
+        return tuple(int(c) for c in np.unravel_index(rank, self.dims))
+
+    def get_cart_rank(self, coords: Sequence[int]) -> int:
+        """The rank at ``coords``; periodic dimensions wrap, others raise when out of range."""
+        wrapped = []
+        for c, d, per in zip(coords, self.dims, self.periods):
+            if per:
+                c %= d
+            elif not 0 <= c < d:
+                raise ValueError(f"coordinates {tuple(coords)} outside non-periodic grid {self.dims}")
+            wrapped.append(c)
+        return int(np.ravel_multi_index(wrapped, self.dims))
+
+    def shift(self, direction: int, disp: int = 1) -> tuple[int | None, int | None]:
+        """``(source, dest)`` ranks for a shift by ``disp`` along ``direction`` (MPI_Cart_shift).
+
+        Data sent to ``dest`` moves ``+disp`` along the axis; ``None`` marks a missing
+        neighbour of a non-periodic grid.
+        """
+        def neighbour(step: int) -> int | None:
+            c = list(self.coords)
+            c[direction] += step
+            try:
+                return self.get_cart_rank(c)
+            except ValueError:
+                return None
+
+        return neighbour(-disp), neighbour(disp)
+
+    def shift_replace(self, buf: np.ndarray, direction: int, disp: int = 1) -> np.ndarray:
+        """Move ``buf`` by ``disp`` along ``direction`` in place (periodic grids)."""
+        source, dest = self.shift(direction, disp)
+        if source is None or dest is None:
+            raise ValueError("shift_replace needs a periodic dimension")
+        return self.sendrecv_replace(buf, dest, source)
+
+    def shift_obj(self, obj: Any, direction: int, disp: int = 1) -> Any:
+        """Send ``obj`` ``disp`` steps along ``direction``; return what arrives from the other side."""
+        source, dest = self.shift(direction, disp)
+        if source is None or dest is None:
+            raise ValueError("shift_obj needs a periodic dimension")
+        if source == self.rank:
+            return obj
+        return self.sendrecv(obj, dest, source)
+
+    def sub(self, remain_dims: Sequence[bool]) -> Communicator:
+        """The sub-grid keeping the dimensions where ``remain_dims`` is true (MPI_Cart_sub).
+
+        For a 2-D grid, ``sub([False, True])`` is this rank's row and ``sub([True, False])``
+        its column. Built above point-to-point messaging, never as backend subgroups.
+        """
+        remain = tuple(bool(x) for x in remain_dims)
+        fixed = tuple(c if not keep else None for c, keep in zip(self.coords, remain))
+        members = []
+        for r in range(self.size):
+            cr = self.get_coords(r)
+            if all(f is None or cr[a] == f for a, f in enumerate(fixed)):
+                members.append(self._members[r])
+        sub_dims = tuple(d for d, keep in zip(self.dims, remain) if keep)
+        sub_periods = tuple(p for p, keep in zip(self.periods, remain) if keep)
+        seq = next(self._split_seq)
+        return CartComm(self._t, members, (self._ctx, "sub", seq, remain, fixed), sub_dims,
+                        sub_periods, native=None, attempt=self.attempt)
+
+    def row(self) -> CartComm:
+        """This rank's row of a 2-D grid (ranks ordered by column)."""
+        return self.sub([False, True])  # type: ignore[return-value]
+
+    def col(self) -> CartComm:
+        """This rank's column of a 2-D grid (ranks ordered by row)."""
+        return self.sub([True, False])  # type: ignore[return-value]
+
+
+class LocalTransport:
+    """An in-process transport for one rank (size 1); handy for tests and serial runs."""
+
+    backend = "local"
+
+    def __init__(self):
+        self.rank, self.size = 0, 1
+        self._box: dict[tuple, Any] = {}
+
+    def send(self, dest: int, key: tuple, obj: Any) -> None:
+        self._box[key] = obj.copy() if isinstance(obj, np.ndarray) else obj
+
+    def send_many(self, dests: Sequence[int], key: tuple, obj: Any) -> None:
+        for d in dests:
+            self.send(d, key, obj)
+
+    def recv(self, src: int, key: tuple) -> Any:
+        try:
+            return self._box.pop(key)
+        except KeyError:
+            raise RuntimeError(f"deadlock: a single rank waits for a message {key} never sent") from None

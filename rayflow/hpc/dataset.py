@@ -1,0 +1,168 @@
+"""Block datasets: a matrix or vector as a grid of blocks in Ray's object store.
+
+Usage: ``A = BlockDataset.from_numpy(a, grid=(2, 2)); a2 = A.to_numpy()``
+
+Block ``(i, j)`` is one object ref; the refs are kept row-major, which is also the rank order
+of an MPI stage over the dataset. Blocks follow ``numpy.array_split`` sizes, so any size splits
+without padding. A block may be a numpy array or a ``scipy.sparse`` matrix (CSR row blocks
+for CG). The refs are owned by the driver (``ray.put`` here, actor-call return values in
+stages, task returns in :meth:`BlockDataset.from_function`), so they outlive the actors that
+computed them and a failed stage can re-run from them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from rayflow.hpc.cannon_index import offsets, split_sizes
+
+
+def _ray():
+    import ray
+
+    return ray
+
+
+def _make_block(fn, i, j, r0, r1, c0, c1, dtype):
+    block = fn(i, j, slice(r0, r1), slice(c0, c1))
+    return block if dtype is None else np.asarray(block, dtype=dtype)
+
+
+_remote_make_block = None
+
+
+def _remote_block_task():
+    global _remote_make_block
+    if _remote_make_block is None:
+        _remote_make_block = _ray().remote(num_cpus=1)(_make_block)
+    return _remote_make_block
+
+
+@dataclass(frozen=True)
+class BlockDataset:
+    """A grid of blocks in the object store.
+
+    Attributes:
+        refs: object refs of the blocks, row-major.
+        grid: ``(block rows, block columns)``.
+        row_sizes: rows per block row (``None`` when unknown, e.g. stage outputs).
+        col_sizes: columns per block column (``None`` when unknown or for vectors).
+        stage: the :class:`~rayflow.hpc.stage.StageInfo` of the stage that produced it.
+    """
+
+    refs: tuple
+    grid: tuple[int, int]
+    row_sizes: tuple[int, ...] | None = None
+    col_sizes: tuple[int, ...] | None = None
+    stage: Any = field(default=None, compare=False)
+
+    def __post_init__(self):
+        if len(self.refs) != self.grid[0] * self.grid[1]:
+            raise ValueError(f"{len(self.refs)} refs do not fill a {self.grid} grid")
+
+    # ------------------------------------------------------------ construction
+    @classmethod
+    def from_numpy(cls, array, grid: int | Sequence[int]) -> BlockDataset:
+        """Split ``array`` (1-D, 2-D or scipy.sparse) into a grid and put the blocks.
+
+        Args:
+            array: the data. A 1-D array is split in ``grid`` pieces (a ``(p, 1)`` grid).
+            grid: ``p`` or ``(rows, cols)``; for 1-D data an int.
+        """
+        ray = _ray()
+        ndim = 1 if getattr(array, "ndim", 2) == 1 else 2
+        gr, gc = (grid, 1) if isinstance(grid, int) else tuple(grid)
+        if ndim == 1 and gc != 1:
+            raise ValueError("a 1-D array splits into a (p, 1) grid")
+        rs = split_sizes(array.shape[0], gr)
+        ro = offsets(rs)
+        if ndim == 1:
+            refs = [ray.put(np.ascontiguousarray(array[ro[i] : ro[i + 1]])) for i in range(gr)]
+            return cls(tuple(refs), (gr, 1), tuple(rs), None)
+        cs = split_sizes(array.shape[1], gc)
+        co = offsets(cs)
+        refs = []
+        for i in range(gr):
+            for j in range(gc):
+                blk = array[ro[i] : ro[i + 1], co[j] : co[j + 1]]
+                refs.append(ray.put(blk.tocsr() if hasattr(blk, "tocsr") else np.ascontiguousarray(blk)))
+        return cls(tuple(refs), (gr, gc), tuple(rs), tuple(cs))
+
+    @classmethod
+    def from_function(
+        cls,
+        fn: Callable[[int, int, slice, slice], Any],
+        shape: Sequence[int],
+        grid: int | Sequence[int],
+        dtype: Any = None,
+    ) -> BlockDataset:
+        """Build each block in a Ray task, so the whole matrix never exists on the driver.
+
+        Args:
+            fn: ``fn(i, j, rows, cols) -> block`` for grid position ``(i, j)`` covering global
+                ``rows`` and ``cols`` (slices); for vectors ``j`` is 0 and ``cols`` is
+                ``slice(0, 1)``.
+            shape: the global shape, ``(n,)`` or ``(m, n)``.
+            grid: ``p`` or ``(rows, cols)``.
+            dtype: cast blocks to this dtype (``None`` keeps what ``fn`` returns).
+        """
+        gr, gc = (grid, 1) if isinstance(grid, int) else tuple(grid)
+        rs = split_sizes(shape[0], gr)
+        ro = offsets(rs)
+        cs = split_sizes(shape[1], gc) if len(shape) == 2 else [1]
+        co = offsets(cs)
+        task = _remote_block_task()
+        refs = [
+            task.remote(fn, i, j, ro[i], ro[i + 1], co[j], co[j + 1], dtype)
+            for i in range(gr)
+            for j in range(gc)
+        ]
+        return cls(tuple(refs), (gr, gc), tuple(rs), tuple(cs) if len(shape) == 2 else None)
+
+    # ----------------------------------------------------------------- access
+    @property
+    def num_blocks(self) -> int:
+        return len(self.refs)
+
+    @property
+    def shape(self) -> tuple[int, ...] | None:
+        """The global shape when the block sizes are known."""
+        if self.row_sizes is None:
+            return None
+        if self.col_sizes is None:
+            return (sum(self.row_sizes),)
+        return (sum(self.row_sizes), sum(self.col_sizes))
+
+    def block(self, i: int, j: int = 0):
+        """The object ref of block ``(i, j)``."""
+        return self.refs[i * self.grid[1] + j]
+
+    def take(self, source: Callable[[int, int], tuple[int, int]]) -> BlockDataset:
+        """A dataset whose block ``(i, j)`` is this dataset's block ``source(i, j)``.
+
+        No data moves: only refs are rearranged (Cannon's initial skew is done this way).
+        """
+        gr, gc = self.grid
+        refs = tuple(self.block(*source(i, j)) for i in range(gr) for j in range(gc))
+        return BlockDataset(refs, self.grid, None, None)
+
+    def blocks(self) -> list[Any]:
+        """Fetch every block (row-major) to the driver."""
+        return _ray().get(list(self.refs))
+
+    def to_numpy(self):
+        """Gather the blocks into one array (a scipy.sparse matrix when blocks are sparse)."""
+        blocks = self.blocks()
+        gr, gc = self.grid
+        rows = [blocks[i * gc : (i + 1) * gc] for i in range(gr)]
+        if any(hasattr(b, "tocsr") for b in blocks):
+            import scipy.sparse as sp
+
+            return sp.bmat(rows, format="csr")
+        if all(np.ndim(b) == 1 for b in blocks):
+            return np.concatenate(blocks)
+        return np.block([[np.asarray(b) for b in row] for row in rows])

@@ -1,0 +1,171 @@
+"""MPI stages: run a rank function on a gang, one rank per block.
+
+Usage: ``C = mpimap(lambda comm, a: a * comm.size, A)``
+
+``mpimap(fn, *datasets)`` runs ``fn(comm, *blocks)`` on a gang of ``datasets[0].num_blocks``
+ranks; rank ``r`` gets block ``r`` (row-major) of every dataset, resolved from the object
+store without copies. The blocks ``fn`` returns become a new :class:`BlockDataset` on the same
+grid. They are return values of the actor calls, so the driver owns them and they survive the
+gang's teardown (an object ``ray.put`` inside the actor would die with it).
+
+Recovery: if a rank dies (actor death, node loss), every rank of the gang is replaced and the
+stage runs again from the same input refs; earlier stages are not recomputed because their
+outputs are driver-owned refs. User exceptions are not retried: they would fail again.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import ray
+from ray.exceptions import RayActorError, RayTaskError
+
+from rayflow.config import HpcOptions, load_config
+from rayflow.errors import RayflowError
+from rayflow.hpc.dataset import BlockDataset
+from rayflow.hpc.gang import Gang
+
+
+class StageError(RayflowError):
+    """A stage failed more often than its retries allow."""
+
+
+@dataclass
+class StageInfo:
+    """What a stage did: attempts, failures and timings.
+
+    Attributes:
+        name: the stage name.
+        size: number of ranks.
+        attempts: how many times the stage ran (1 when nothing failed).
+        failures: a short description of each failed attempt.
+        gang_starts: gangs started for this stage (0 when it reused a started gang).
+        wall_s: driver-side time from submission to the last rank's completion, all attempts.
+        rank_wall_s: per-rank time inside the rank function, last attempt.
+        rank_maxrss_bytes: per-rank peak RSS, last attempt.
+    """
+
+    name: str
+    size: int
+    attempts: int = 0
+    failures: list[str] = field(default_factory=list)
+    gang_starts: int = 0
+    wall_s: float = 0.0
+    rank_wall_s: list[float] = field(default_factory=list)
+    rank_maxrss_bytes: list[int] = field(default_factory=list)
+
+
+def _wait_all(status_refs: list) -> list[dict]:
+    """Wait for every rank; raise as soon as one fails (the others may be blocked on it)."""
+    pending = list(status_refs)
+    index = {r: i for i, r in enumerate(status_refs)}
+    out: list[Any] = [None] * len(status_refs)
+    while pending:
+        ready, pending = ray.wait(pending, num_returns=1, fetch_local=False)
+        for ref in ready:
+            out[index[ref]] = ray.get(ref)
+    return out
+
+
+def mpimap(
+    fn: Callable[..., Any],
+    *datasets: BlockDataset,
+    num_outputs: int = 1,
+    fn_args: tuple = (),
+    fn_kwargs: dict | None = None,
+    gang: Gang | None = None,
+    backend: str | None = None,
+    strategy: str | None = None,
+    gang_timeout_s: float | None = None,
+    rank_num_cpus: float | None = None,
+    max_retries: int | None = None,
+    name: str | None = None,
+    options: HpcOptions | None = None,
+) -> BlockDataset | tuple[BlockDataset, ...]:
+    """Run ``fn(comm, *blocks, *fn_args, **fn_kwargs)`` as one gang-scheduled stage.
+
+    Args:
+        fn: the rank function; returns one block, or a tuple of ``num_outputs`` blocks.
+        *datasets: the inputs, all with the same number of blocks (= ranks).
+        num_outputs: how many blocks ``fn`` returns per rank.
+        fn_args: extra positional arguments passed to every rank.
+        fn_kwargs: extra keyword arguments passed to every rank.
+        gang: a started (or startable) gang to reuse; by default a gang is started for the
+            stage and shut down after it (one placement group per stage).
+        backend, strategy, gang_timeout_s, rank_num_cpus: gang settings (defaults from config).
+        max_retries: re-runs allowed after rank deaths (default ``hpc.max_stage_retries``).
+        name: the stage name in errors and :class:`StageInfo`.
+        options: HPC options supplying the defaults.
+
+    Returns:
+        One :class:`BlockDataset` per output (a tuple when ``num_outputs > 1``), with
+        ``.stage`` holding the :class:`StageInfo`.
+
+    Raises:
+        GangSchedulingError: the gang could not be placed in time.
+        StageError: ranks kept dying beyond ``max_retries``.
+        ray.exceptions.RayTaskError: ``fn`` raised (not retried).
+    """
+    if not datasets:
+        raise ValueError("mpimap needs at least one dataset")
+    size = datasets[0].num_blocks
+    for ds in datasets[1:]:
+        if ds.num_blocks != size:
+            raise ValueError(f"datasets have {size} and {ds.num_blocks} blocks; ranks need one each")
+    opts = options or load_config().hpc
+    retries = opts.max_stage_retries if max_retries is None else max_retries
+    info = StageInfo(name or getattr(fn, "__name__", "stage"), size)
+    own_gang = gang is None
+    g = gang or Gang(size, backend=backend, strategy=strategy, gang_timeout_s=gang_timeout_s,
+                     rank_num_cpus=rank_num_cpus, options=opts)
+    if g.size != size:
+        raise ValueError(f"gang has {g.size} ranks, datasets have {size} blocks")
+    fn_ref = ray.put(fn)  # serialised once, not once per rank
+    t0 = time.perf_counter()
+    try:
+        while True:
+            if not g.started:
+                g.start()
+                info.gang_starts += 1
+            stage_id = uuid.uuid4().hex[:12]
+            calls = [
+                actor.run.options(num_returns=1 + num_outputs).remote(
+                    stage_id, info.attempts, num_outputs, fn_ref, fn_args, fn_kwargs,
+                    *[ds.refs[r] for ds in datasets],
+                )
+                for r, actor in enumerate(g.actors)
+            ]
+            info.attempts += 1
+            try:
+                statuses = _wait_all([c[0] for c in calls])
+            except RayTaskError as err:
+                if isinstance(err, RayActorError):  # some Ray versions combine the two
+                    raise
+                g.shutdown()  # the other ranks may wait forever on the one that raised
+                raise
+            except RayActorError as err:
+                info.failures.append(f"attempt {info.attempts}: {type(err).__name__}")
+                g.shutdown()  # survivors may be blocked in recv: replace the whole gang
+                if info.attempts > retries:
+                    raise StageError(
+                        f"stage {info.name!r} lost a rank in {info.attempts} attempts "
+                        f"(max_retries={retries}): {info.failures}"
+                    ) from err
+                continue
+            break
+    finally:
+        info.wall_s = time.perf_counter() - t0
+        if own_gang:
+            g.shutdown()
+    info.rank_wall_s = [s["wall_s"] for s in statuses]
+    info.rank_maxrss_bytes = [s["maxrss_bytes"] for s in statuses]
+    grid = datasets[0].grid
+    outs = tuple(
+        BlockDataset(tuple(c[1 + k] for c in calls), grid, None, None, stage=info)
+        for k in range(num_outputs)
+    )
+    return outs[0] if num_outputs == 1 else outs

@@ -1,0 +1,373 @@
+"""Windows over keyed streams: the windower × clock × aggregator split of Bytewax, with
+Flink's accumulator quartet (create, add, merge, result).
+
+- :class:`CountWindow` closes a key's window after ``size`` records (the study's W4).
+- :class:`TumblingWindow` and :class:`SlidingWindow` group by time, on processing time
+  (:class:`ProcessingTime`) or event time (:class:`EventTime`, watermarks with bounded
+  out-of-orderness and an idle timeout).
+
+Records whose windows have all closed are *late*: they leave on the ``late`` output, counted,
+never dropped silently. Window state lives in the step's state backend, so it is part of
+every checkpoint. Pure logic: no Ray.
+
+    >>> from rayflow.operators.base import StepContext
+    >>> logic = Windowed(CountWindow(2), Count(), key_fn=str).build(StepContext("w", 0, 1))
+    >>> [(r.key, r.value) for r in logic.process(["a", "b", "a"], None).items]
+    [('a', 2)]
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Generic, TypeVar
+
+import numpy as np
+
+from rayflow.operators.base import Logic, OperatorSpec, Output, StepContext, describe_exception
+from rayflow.state.backends import MemoryBackend
+
+A = TypeVar("A")
+
+
+# -- aggregators -----------------------------------------------------------------------------
+
+class Aggregator(Generic[A]):
+    """How a window's records become one value: create, add, merge, result."""
+
+    def create(self) -> A:
+        raise NotImplementedError
+
+    def add(self, acc: A, record: Any) -> A:
+        raise NotImplementedError
+
+    def merge(self, a: A, b: A) -> A:
+        raise NotImplementedError
+
+    def result(self, acc: A) -> Any:
+        return acc
+
+
+@dataclass(frozen=True)
+class Count(Aggregator[int]):
+    """Number of records."""
+
+    def create(self):
+        return 0
+
+    def add(self, acc, record):
+        return acc + 1
+
+    def merge(self, a, b):
+        return a + b
+
+
+@dataclass(frozen=True)
+class Sum(Aggregator[float]):
+    """Sum of ``value(record)`` (the record itself by default)."""
+
+    value: Callable[[Any], float] | None = None
+
+    def create(self):
+        return 0
+
+    def add(self, acc, record):
+        return acc + (self.value(record) if self.value else record)
+
+    def merge(self, a, b):
+        return a + b
+
+
+@dataclass(frozen=True)
+class MinMax(Aggregator[tuple]):
+    """Count plus min and max of each named field, e.g. the study's eventTime and inTime:
+    ``MinMax({"eventTime": lambda r: r["eventTime"], "inTime": lambda r: r["inTime"]})``.
+    The result is ``{"count": n, "min_<field>": ..., "max_<field>": ...}``."""
+
+    fields: dict[str, Callable[[Any], float]]
+
+    def create(self):
+        return (0, {f: (math.inf, -math.inf) for f in self.fields})
+
+    def add(self, acc, record):
+        n, mm = acc
+        out = {}
+        for f, get in self.fields.items():
+            v = get(record)
+            lo, hi = mm[f]
+            out[f] = (v if v < lo else lo, v if v > hi else hi)
+        return (n + 1, out)
+
+    def merge(self, a, b):
+        return (a[0] + b[0], {f: (min(a[1][f][0], b[1][f][0]), max(a[1][f][1], b[1][f][1]))
+                              for f in self.fields})
+
+    def result(self, acc):
+        n, mm = acc
+        out: dict[str, Any] = {"count": n}
+        for f, (lo, hi) in mm.items():
+            out[f"min_{f}"], out[f"max_{f}"] = lo, hi
+        return out
+
+
+@dataclass(frozen=True)
+class Reduce(Aggregator[Any]):
+    """Fold records with ``fn(acc, record)`` from ``initial``; ``merge_fn`` merges two accs."""
+
+    fn: Callable[[Any, Any], Any]
+    initial: Any = None
+    merge_fn: Callable[[Any, Any], Any] | None = None
+
+    def create(self):
+        return self.initial
+
+    def add(self, acc, record):
+        return self.fn(acc, record)
+
+    def merge(self, a, b):
+        if self.merge_fn is None:
+            raise NotImplementedError("Reduce needs merge_fn to merge accumulators")
+        return self.merge_fn(a, b)
+
+
+# -- clocks and windowers --------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ProcessingTime:
+    """Windows by the wall clock when the record is processed."""
+
+
+@dataclass(frozen=True)
+class EventTime:
+    """Windows by the record's event time.
+
+    Args:
+        timestamp: record -> seconds since the epoch; None uses the runtime's event time
+            (for Kafka, the record timestamp).
+        max_delay_s: bounded out-of-orderness: the watermark trails the largest event time
+            seen by this much.
+        idle_timeout_s: when no record arrives for this long, the watermark advances with the
+            wall clock, so an idle input cannot hold windows open forever.
+    """
+
+    timestamp: Callable[[Any], float] | None = None
+    max_delay_s: float = 0.0
+    idle_timeout_s: float = 5.0
+
+
+@dataclass(frozen=True)
+class CountWindow:
+    """A key's window closes after ``size`` records."""
+
+    size: int
+
+
+@dataclass(frozen=True)
+class TumblingWindow:
+    """Consecutive windows of ``length_s`` seconds aligned to ``align_s`` (epoch by default)."""
+
+    length_s: float
+    align_s: float = 0.0
+
+    def windows_of(self, t: float) -> list[tuple[float, float]]:
+        start = self.align_s + math.floor((t - self.align_s) / self.length_s) * self.length_s
+        return [(start, start + self.length_s)]
+
+
+@dataclass(frozen=True)
+class SlidingWindow:
+    """Windows of ``length_s`` seconds starting every ``slide_s`` seconds."""
+
+    length_s: float
+    slide_s: float
+    align_s: float = 0.0
+
+    def windows_of(self, t: float) -> list[tuple[float, float]]:
+        last = self.align_s + math.floor((t - self.align_s) / self.slide_s) * self.slide_s
+        out = []
+        start = last
+        while start > t - self.length_s:
+            out.append((start, start + self.length_s))
+            start -= self.slide_s
+        return out[::-1]
+
+
+@dataclass(frozen=True)
+class WindowResult:
+    """One closed window: its key, its bounds (or count sequence) and the aggregate."""
+
+    key: Any
+    start: float
+    end: float
+    value: Any
+
+
+# -- the operator ----------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Windowed(OperatorSpec):
+    """A windowed aggregation per key.
+
+    Args:
+        windower: CountWindow, TumblingWindow or SlidingWindow.
+        aggregator: how a window's records become its value.
+        key_fn: record -> key (the stream's ``key_by`` function).
+        clock: ProcessingTime() or EventTime(...); ignored by count windows.
+    """
+
+    windower: CountWindow | TumblingWindow | SlidingWindow
+    aggregator: Aggregator
+    key_fn: Callable[[Any], Any]
+    clock: ProcessingTime | EventTime = ProcessingTime()
+
+    def build(self, ctx: StepContext, resume_state: Any = None) -> Logic:
+        if isinstance(self.windower, CountWindow):
+            return _CountLogic(self, ctx, resume_state)
+        return _TimeLogic(self, ctx, resume_state)
+
+
+class _StatefulLogic(Logic):
+    def __init__(self, spec: Windowed, ctx: StepContext, resume_state: Any):
+        super().__init__(ctx)
+        self.spec = spec
+        backend = ctx.state_backend or MemoryBackend()
+        self.state = backend.open(ctx.step_id, ctx.instance, ctx.job_name, resume_state)
+        self.checkpoint_id = 0
+
+    def snapshot(self) -> Any:
+        self.checkpoint_id += 1
+        return self.state.snapshot(self.checkpoint_id)
+
+    def close(self) -> None:
+        self.state.close()
+
+
+class _CountLogic(_StatefulLogic):
+    def process(self, items, event_times):
+        spec, state = self.spec, self.state
+        size, agg, key_fn = spec.windower.size, spec.aggregator, spec.key_fn
+        get, put = state.get, state.put
+        out, dead = [], []
+        for rec in items:
+            try:
+                key = key_fn(rec)
+                n, acc, seq = get(key) or (0, agg.create(), 0)
+                acc = agg.add(acc, rec)
+                n += 1
+            except Exception as exc:  # noqa: BLE001 - user code
+                dead.append(self.dead(describe_exception(exc), rec))
+                continue
+            if n >= size:
+                out.append(WindowResult(key, seq, seq + 1, agg.result(acc)))
+                put(key, (0, agg.create(), seq + 1))  # keeps the key's window sequence
+            else:
+                put(key, (n, acc, seq))
+        return Output(out, None, dead)
+
+    def on_end(self):
+        # partial count windows are emitted at end of stream, as Flink does for a final
+        # watermark: nothing is dropped when a bounded input ends mid-window
+        agg = self.spec.aggregator
+        out = [WindowResult(k, seq, seq + 1, agg.result(acc)) for k, (n, acc, seq) in
+               self.state.items() if n]
+        return Output(out, None)
+
+
+class _TimeLogic(_StatefulLogic):
+    """State: (key, start, end) -> acc, plus the watermark under ``__wm``."""
+
+    WM = "__watermark__"
+
+    def __init__(self, spec, ctx, resume_state):
+        super().__init__(spec, ctx, resume_state)
+        self.event_time = isinstance(spec.clock, EventTime)
+        self.max_seen = self.state.get("__max_seen__", -math.inf)
+        self.watermark = self.state.get(self.WM, -math.inf)
+        self.last_record_wall = time.time()
+        self.open_windows: dict[tuple, Any] = {}
+        for k, v in self.state.items():
+            if isinstance(k, tuple) and len(k) == 3 and k[0] == "__w":
+                self.open_windows[k[1:]] = None  # index of open windows for closing
+
+    def snapshot(self):
+        self.state.put(self.WM, self.watermark)
+        self.state.put("__max_seen__", self.max_seen)
+        return super().snapshot()
+
+    def _times(self, items, event_times):
+        if not self.event_time:
+            return np.full(len(items), time.time())
+        ts = self.spec.clock.timestamp
+        if ts is not None:
+            return np.array([ts(r) for r in items], dtype=np.float64)
+        if event_times is None:
+            raise ValueError("EventTime without a timestamp function needs event times "
+                             "from the source")
+        return event_times
+
+    def process(self, items, event_times):
+        spec, state, agg = self.spec, self.state, self.spec.aggregator
+        dead, late, late_t = [], [], []
+        try:
+            times = self._times(items, event_times)
+        except Exception as exc:  # noqa: BLE001 - user timestamp function
+            return Output([], None, [self.dead(describe_exception(exc), items, "batch")])
+        for rec, t in zip(items, times.tolist()):
+            try:
+                key = spec.key_fn(rec)
+            except Exception as exc:  # noqa: BLE001
+                dead.append(self.dead(describe_exception(exc), rec))
+                continue
+            placed = False
+            for start, end in spec.windower.windows_of(t):
+                if end <= self.watermark:
+                    continue  # that window has closed
+                skey = ("__w", key, (start, end))
+                acc = state.get(skey)
+                state.put(skey, agg.add(agg.create() if acc is None else acc, rec))
+                self.open_windows[(key, (start, end))] = None
+                placed = True
+            if not placed:
+                late.append(rec)
+                late_t.append(t)
+            if t > self.max_seen:
+                self.max_seen = t
+        if len(items):
+            self.last_record_wall = time.time()
+        out = self._advance(time.time())
+        side = {"late": (late, np.asarray(late_t))} if late else {}
+        return Output(out, None, dead, side)
+
+    def _advance(self, now: float) -> list:
+        if self.event_time:
+            clock = self.spec.clock
+            wm = self.max_seen - clock.max_delay_s
+            idle = now - self.last_record_wall
+            if idle > clock.idle_timeout_s and self.max_seen > -math.inf:
+                wm = max(wm, self.max_seen - clock.max_delay_s + (idle - clock.idle_timeout_s))
+        else:
+            wm = now
+        if wm > self.watermark:
+            self.watermark = wm
+        return self._close(self.watermark)
+
+    def _close(self, watermark: float) -> list:
+        agg, out = self.spec.aggregator, []
+        ready = [kw for kw in self.open_windows if kw[1][1] <= watermark]
+        ready.sort(key=lambda kw: (kw[1][1], str(kw[0])))
+        for key, (start, end) in ready:
+            skey = ("__w", key, (start, end))
+            acc = self.state.get(skey)
+            if acc is not None:
+                out.append(WindowResult(key, start, end, agg.result(acc)))
+                self.state.delete(skey)
+            del self.open_windows[(key, (start, end))]
+        return out
+
+    def on_tick(self, now: float) -> Output | None:
+        out = self._advance(now)
+        return Output(out, None) if out else None
+
+    def on_end(self):
+        return Output(self._close(math.inf), None)

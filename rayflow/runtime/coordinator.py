@@ -1,0 +1,114 @@
+"""The checkpoint coordinator's actor: the pure :class:`rayflow.checkpoint.Coordinator` plus
+a timer thread that carries out its actions on the step hosts."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import ray
+
+from rayflow.checkpoint import Abort, Complete, CompletedCheckpoint, Coordinator, Trigger
+
+
+@ray.remote(num_cpus=0, max_concurrency=4)
+class CoordinatorActor:
+    def __init__(self, interval_s: float, timeout_s: float, tick_s: float = 0.05):
+        self.interval_s, self.timeout_s, self.tick_s = interval_s, timeout_s, tick_s
+        self.lock = threading.Lock()
+        self.core: Coordinator | None = None
+        self.sources: dict[tuple[str, int], Any] = {}
+        self.hosts: dict[tuple[str, int], Any] = {}
+        self.positions: dict[tuple[str, int], Any] = {}
+        self.history: list[dict] = []
+        self._stop_waiters: dict[int, threading.Event] = {}
+        self._running = True
+        threading.Thread(target=self._loop, daemon=True).start()
+
+    def attach(self, hosts: dict, sources: list, first_id: int,
+               latest: CompletedCheckpoint | None) -> bool:
+        """(Re)start coordinating a set of hosts, after a start or a recovery."""
+        with self.lock:
+            if self.core is not None:
+                self.history.extend(self.core.history)
+            self.core = Coordinator(set(hosts), self.interval_s, self.timeout_s, first_id, latest)
+            self.hosts = dict(hosts)
+            self.sources = {k: hosts[k] for k in sources}
+        return True
+
+    def detach(self) -> dict:
+        """Stop coordinating (a failure): abort what is in flight; return what to restore."""
+        with self.lock:
+            if self.core is None:
+                return {"latest": None, "next_id": 1, "positions": dict(self.positions)}
+            self.core.failure(time.time())
+            out = {"latest": self.core.latest, "next_id": self.core.next_id,
+                   "positions": dict(self.positions)}
+            self.history.extend(self.core.history)
+            self.core.history = []
+            self.core = None
+            self.hosts, self.sources = {}, {}
+            return out
+
+    def ack(self, checkpoint_id: int, task: tuple[str, int], handle: Any) -> None:
+        with self.lock:
+            if self.core is not None:
+                self._do(self.core.ack(checkpoint_id, task, handle, time.time()))
+
+    def task_finished(self, task: tuple[str, int]) -> None:
+        with self.lock:
+            if self.core is not None:
+                self._do(self.core.task_finished(task, time.time()))
+
+    def position(self, task: tuple[str, int], pos: Any) -> None:
+        """At-most-once sources record their position before emitting."""
+        self.positions[task] = pos
+
+    def savepoint(self, stop_after: bool, timeout_s: float) -> int | None:
+        """Trigger a checkpoint now (sources stop after it when ``stop_after``); wait for it."""
+        with self.lock:
+            core = self.core
+            if core is None or core.pending is not None or core.finished:
+                return None
+            from rayflow.checkpoint import _Pending
+
+            cid = core.next_id
+            core.next_id += 1
+            core.pending = _Pending(cid, time.time())
+            done = self._stop_waiters[cid] = threading.Event()
+            for h in self.sources.values():
+                h.trigger_checkpoint.remote(cid, stop_after)
+        return cid if done.wait(timeout_s) else None
+
+    def latest(self) -> CompletedCheckpoint | None:
+        with self.lock:
+            return None if self.core is None else self.core.latest
+
+    def checkpoints(self) -> list[dict]:
+        with self.lock:
+            return self.history + (self.core.history if self.core else [])
+
+    def shutdown(self) -> None:
+        self._running = False
+
+    def _loop(self) -> None:
+        while self._running:
+            time.sleep(self.tick_s)
+            with self.lock:
+                if self.core is not None:
+                    self._do(self.core.tick(time.time()))
+
+    def _do(self, actions: list) -> None:
+        for act in actions:
+            if isinstance(act, Trigger):
+                for h in self.sources.values():
+                    h.trigger_checkpoint.remote(act.checkpoint_id)
+            elif isinstance(act, Complete):
+                for h in self.hosts.values():
+                    h.notify_complete.remote(act.checkpoint_id)
+                ev = self._stop_waiters.pop(act.checkpoint_id, None)
+                if ev is not None:
+                    ev.set()
+            elif isinstance(act, Abort):
+                self._stop_waiters.pop(act.checkpoint_id, None)

@@ -1,0 +1,190 @@
+"""The state backends. No Ray here: the runtime passes snapshot handles around."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import shutil
+import tempfile
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Generic, TypeVar
+
+K = TypeVar("K")
+V = TypeVar("V")
+
+
+class KeyValueState(Generic[K, V]):
+    """State of one step instance: keys to values."""
+
+    def get(self, key: K, default: V | None = None) -> V | None:
+        raise NotImplementedError
+
+    def put(self, key: K, value: V) -> None:
+        raise NotImplementedError
+
+    def delete(self, key: K) -> None:
+        raise NotImplementedError
+
+    def items(self) -> Iterator[tuple[K, V]]:
+        raise NotImplementedError
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self.items())
+
+    def snapshot(self, checkpoint_id: int) -> Any:
+        """A picklable handle from which :meth:`StateBackend.open` restores this state."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Release files and handles (state is not deleted)."""
+
+
+class StateBackend:
+    """Picklable description of where state lives; ``open`` builds an instance's state."""
+
+    name = "?"
+
+    def open(self, step_id: str, instance: int, job_name: str,
+             restore: Any = None) -> KeyValueState:
+        raise NotImplementedError
+
+
+# -- memory ----------------------------------------------------------------------------------
+
+class _DictState(KeyValueState):
+    def __init__(self, data: dict | None = None):
+        self.data: dict = data or {}
+
+    def get(self, key, default=None):
+        return self.data.get(key, default)
+
+    def put(self, key, value):
+        self.data[key] = value
+
+    def delete(self, key):
+        self.data.pop(key, None)
+
+    def items(self):
+        return iter(list(self.data.items()))
+
+    def __len__(self):
+        return len(self.data)
+
+    def snapshot(self, checkpoint_id):
+        return pickle.dumps(self.data, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+@dataclass(frozen=True)
+class MemoryBackend(StateBackend):
+    """State in a dict; snapshots are bytes kept by the checkpoint coordinator."""
+
+    name = "memory"
+
+    def open(self, step_id, instance, job_name, restore=None):
+        return _DictState(pickle.loads(restore) if restore else None)
+
+
+# -- filesystem ------------------------------------------------------------------------------
+
+def _instance_dir(root: str, job_name: str, step_id: str, instance: int) -> Path:
+    path = Path(root) / job_name / step_id / str(instance)
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+class _FsState(_DictState):
+    def __init__(self, directory: Path, data: dict | None):
+        super().__init__(data)
+        self.directory = directory
+
+    def snapshot(self, checkpoint_id):
+        path = self.directory / f"chk-{checkpoint_id}.pkl"
+        tmp = path.with_suffix(f".tmp-{uuid.uuid4().hex[:6]}")
+        with open(tmp, "wb") as f:
+            pickle.dump(self.data, f, protocol=pickle.HIGHEST_PROTOCOL)
+        os.replace(tmp, path)  # a crash never leaves a half-written snapshot under its name
+        return str(path)
+
+
+@dataclass(frozen=True)
+class FsBackend(StateBackend):
+    """Working state in memory, snapshots as files under ``directory``."""
+
+    directory: str
+    name = "filesystem"
+
+    def open(self, step_id, instance, job_name, restore=None):
+        data = None
+        if restore:
+            with open(restore, "rb") as f:
+                data = pickle.load(f)
+        return _FsState(_instance_dir(self.directory, job_name, step_id, instance), data)
+
+
+# -- RocksDB ---------------------------------------------------------------------------------
+
+class _RocksState(KeyValueState):
+    def __init__(self, directory: Path, restore: str | None):
+        from rocksdict import Rdict
+
+        self.directory = directory
+        self.path = directory / f"db-{uuid.uuid4().hex[:8]}"
+        if restore:
+            shutil.copytree(restore, self.path)
+        self.db = Rdict(str(self.path))
+
+    # RocksDB keys are bytes: keys of any picklable type are stored pickled
+    def get(self, key, default=None):
+        value = self.db.get(pickle.dumps(key))
+        return default if value is None else value
+
+    def put(self, key, value):
+        self.db[pickle.dumps(key)] = value
+
+    def delete(self, key):
+        del self.db[pickle.dumps(key)]
+
+    def items(self):
+        return ((pickle.loads(k), v) for k, v in self.db.items())
+
+    def snapshot(self, checkpoint_id):
+        from rocksdict import Checkpoint
+
+        path = self.directory / f"chk-{checkpoint_id}"
+        if path.exists():
+            shutil.rmtree(path)
+        Checkpoint(self.db).create_checkpoint(str(path))
+        return str(path)
+
+    def close(self):
+        self.db.close()
+        shutil.rmtree(self.path, ignore_errors=True)
+
+
+@dataclass(frozen=True)
+class RocksDBBackend(StateBackend):
+    """State in RocksDB under ``directory`` (local disk); snapshots are RocksDB checkpoints.
+    Needs the ``rocksdb`` extra (rocksdict)."""
+
+    directory: str | None = None
+    name = "rocksdb"
+
+    def open(self, step_id, instance, job_name, restore=None):
+        root = self.directory or os.path.join(tempfile.gettempdir(), "rayflow-rocksdb")
+        return _RocksState(_instance_dir(root, job_name, step_id, instance), restore)
+
+
+def backend_from_name(name: str, directory: str | None = None) -> StateBackend:
+    """``memory``, ``filesystem`` (needs ``directory``) or ``rocksdb``."""
+    if name == "memory":
+        return MemoryBackend()
+    if name in ("filesystem", "fs"):
+        if not directory:
+            raise ValueError("the filesystem state backend needs a directory")
+        return FsBackend(directory)
+    if name == "rocksdb":
+        return RocksDBBackend(directory)
+    raise ValueError(f"unknown state backend {name!r}: use memory, filesystem or rocksdb")

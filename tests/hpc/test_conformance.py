@@ -1,0 +1,105 @@
+"""The same collective conformance checks for both backends, on a 2x2 gang, against numpy."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from rayflow.hpc import BlockDataset, mpimap
+
+
+def _data(r):
+    return np.linspace(-1.0, 1.0, 6) * (r + 1) + r
+
+
+def _all_collectives(comm, block):
+    r = comm.rank
+    cart = comm.create_cart((2, 2))
+    row, col = cart.row(), cart.col()
+    x = _data(r)
+    big = np.full(200_000, r + 1.0)
+    buf = np.full(3, float(r))
+    cart.shift_replace(buf, 1, -1)
+    out = {
+        "sum": comm.allreduce(x), "min": comm.allreduce(x, "min"), "max": comm.allreduce(x, "max"),
+        "prod": comm.allreduce(x, "prod"), "scalar": comm.allreduce(float(r)),
+        "big": comm.allreduce(big)[:3],
+        "f32": comm.allreduce(x.astype(np.float32)),
+        "reduce": comm.reduce(x, "sum", root=3),
+        "bcast": comm.bcast(np.arange(5) if r == 2 else None, root=2),
+        "bcast_obj": comm.bcast({"k": [1, 2]} if r == 0 else None),
+        "allgather": comm.allgather(np.arange(r + 1)),  # ragged pieces
+        "rs": comm.reduce_scatter(np.arange(10.0) * (r + 1)),
+        "row": row.allreduce(x), "col": col.allreduce(x), "row_gather": row.allgather(r),
+        "shifted": buf, "sendrecv": cart.sendrecv(r, dest=cart.shift(0, 1)[1],
+                                                   source=cart.shift(0, 1)[0]),
+    }
+    comm.barrier()
+    return out
+
+
+@pytest.fixture(params=["ray", "gloo"])
+def any_gang(request):
+    return request.getfixturevalue("gang4" if request.param == "ray" else "gloo_gang4")
+
+
+def test_collectives_conform_to_numpy(any_gang):
+    ds = BlockDataset.from_numpy(np.zeros(4), 4)
+    outs = mpimap(_all_collectives, ds, gang=any_gang).blocks()
+    stack = np.stack([_data(r) for r in range(4)])
+    for r, o in enumerate(outs):
+        i, j = divmod(r, 2)
+        np.testing.assert_allclose(o["sum"], stack.sum(0), rtol=1e-14)
+        np.testing.assert_array_equal(o["min"], stack.min(0))
+        np.testing.assert_array_equal(o["max"], stack.max(0))
+        np.testing.assert_allclose(o["prod"], stack.prod(0), rtol=1e-14)
+        assert o["scalar"] == 6.0
+        np.testing.assert_array_equal(o["big"], [10.0] * 3)
+        assert o["f32"].dtype == np.float32
+        np.testing.assert_allclose(o["f32"], stack.sum(0), rtol=1e-6, atol=1e-6)
+        if r == 3:
+            np.testing.assert_allclose(o["reduce"], stack.sum(0), rtol=1e-14)
+        else:
+            assert o["reduce"] is None
+        np.testing.assert_array_equal(o["bcast"], np.arange(5))
+        assert o["bcast_obj"] == {"k": [1, 2]}
+        assert [len(g) for g in o["allgather"]] == [1, 2, 3, 4]
+        np.testing.assert_array_equal(o["rs"], np.array_split(np.arange(10.0) * 10, 4)[r])
+        np.testing.assert_allclose(o["row"], stack[2 * i] + stack[2 * i + 1], rtol=1e-14)
+        np.testing.assert_allclose(o["col"], stack[j] + stack[2 + j], rtol=1e-14)
+        assert o["row_gather"] == [2 * i, 2 * i + 1]
+        np.testing.assert_array_equal(o["shifted"], np.full(3, float(2 * i + (j + 1) % 2)))
+        assert o["sendrecv"] == 2 * ((i - 1) % 2) + j
+
+
+def _ray_util_collective(comm, block, group_name_holder):
+    """Use the RAYFLOW backend through ray.util.collective's own API."""
+    import uuid
+
+    import ray
+    from ray.util import collective as col
+
+    from rayflow.hpc.ray_backend import create_rendezvous, register_ray_backend
+
+    register_ray_backend()
+    name = comm.bcast(f"t-{uuid.uuid4().hex[:8]}" if comm.rank == 0 else None)
+    if comm.rank == 0:
+        rdv = create_rendezvous(name, comm.size)
+        ray.get(rdv.__ray_ready__.remote())
+    comm.barrier()
+    col.init_collective_group(comm.size, comm.rank, backend="RAYFLOW", group_name=name)
+    x = np.full(3, comm.rank + 1.0)
+    col.allreduce(x, group_name=name)
+    y = np.arange(2.0) if comm.rank == 0 else np.zeros(2)
+    col.broadcast(y, src_rank=0, group_name=name)
+    outs = [np.zeros(1) for _ in range(comm.size)]
+    col.allgather(outs, np.array([comm.rank * 2.0]), group_name=name)
+    col.barrier(name)
+    comm.barrier()
+    return np.concatenate([x, y, np.concatenate(outs)])
+
+
+def test_backend_is_registered_with_ray_util_collective(gang4):
+    ds = BlockDataset.from_numpy(np.zeros(4), 4)
+    for blk in mpimap(_ray_util_collective, ds, fn_args=(None,), gang=gang4).blocks():
+        np.testing.assert_array_equal(blk, [10, 10, 10, 0, 1, 0, 2, 4, 6])
