@@ -30,6 +30,17 @@ from rayflow.operators.image import GaussianBlur
 # queues of 2–4 images; byte bounds keep 1200 px images as cheap to hold as 50 px ones.
 IMAGE_STREAM = {"batch_size": 32, "channel_calls": 4, "channel_bytes": 16 << 20}
 
+# Settings for a local Ray that keep memory flat with multi-megabyte images (measured in
+# docs/images.md): the raylet frees dead objects every 100 ms instead of every second (at
+# 1200 px a second of traffic is ~300 MB of object store), and glibc returns image-sized
+# buffers to the OS instead of growing each actor's heap (its adaptive mmap threshold
+# otherwise rises to the image size and the heap keeps the freed images).
+LOCAL_RAY = {
+    "_system_config": {"free_objects_period_milliseconds": 100},
+    "runtime_env": {"env_vars": {"MALLOC_MMAP_THRESHOLD_": "262144",
+                                 "MALLOC_TRIM_THRESHOLD_": "1048576"}},
+}
+
 
 def build_flow(input_dir: str, *, output_dir: str | None = None, readers: int = 1,
                decoders: int | None = None, blur_parallelism: int = 1, writers: int = 1,
@@ -74,7 +85,7 @@ def run_w1(input_dir: str, *, address: str | None = None, measure_memory: bool =
     """Run W1 once and return its summary (throughput, steps, dead letters, memory)."""
     from rayflow._raycontext import ensure_ray
 
-    ensure_ray(address)
+    ensure_ray(address, **({} if address else LOCAL_RAY))
     probe = None
     if measure_memory:
         from rayflow.memprobe import MemoryProbe

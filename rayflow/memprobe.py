@@ -30,6 +30,7 @@ from typing import Any
 import psutil
 
 MB = 1e6
+_NAMES: dict[str, str] = {}  # pid -> last process name seen (Ray retitles its workers)
 _PLASMA = re.compile(r"Plasma memory usage (\d+) MiB")
 
 
@@ -69,12 +70,21 @@ def job_processes(roots: list[psutil.Process] | None = None) -> list[psutil.Proc
     return list(seen.values())
 
 
-def uss_total(procs: list[psutil.Process]) -> tuple[int, int]:
-    """(sum of USS, sum of RSS) in bytes over ``procs``; vanished processes count 0."""
+def uss_total(procs: list[psutil.Process],
+              per_process: dict[str, int] | None = None) -> tuple[int, int]:
+    """(sum of USS, sum of RSS) in bytes over ``procs``; vanished processes count 0.
+
+    ``per_process``, when given, is updated with each process's peak USS, keyed by pid.
+    """
     uss = rss = 0
     for p in procs:
         try:
             m = p.memory_full_info()
+            if per_process is not None:
+                # keyed by pid: a worker's title changes (IDLE, then its actor's method)
+                key = f"{p.pid}"
+                per_process[key] = max(per_process.get(key, 0), m.uss)
+                _NAMES[key] = p.name()
         except (psutil.Error, OSError):
             continue
         uss += m.uss
@@ -108,7 +118,10 @@ class MemoryProbe:
     def __init__(self, interval_s: float = 0.25, object_store: bool = True):
         self.interval_s, self.with_store = interval_s, object_store
         self._roots = _session_roots()
-        self.idle_uss, self.idle_rss = uss_total(job_processes(self._roots))
+        self.idle_by_process: dict[str, int] = {}
+        self.peak_by_process: dict[str, int] = {}
+        self.idle_uss, self.idle_rss = uss_total(job_processes(self._roots),
+                                                 self.idle_by_process)
         self.idle_store = (object_store_bytes() or 0) if object_store else 0
         self.peak_uss = self.idle_uss
         self.peak_rss = self.idle_rss
@@ -120,7 +133,7 @@ class MemoryProbe:
 
     def sample(self) -> None:
         procs = job_processes(self._roots)
-        uss, rss = uss_total(procs)
+        uss, rss = uss_total(procs, self.peak_by_process)
         store = (object_store_bytes() or 0) if self.with_store else 0
         self.peak_uss = max(self.peak_uss, uss)
         self.peak_rss = max(self.peak_rss, rss)
@@ -162,4 +175,11 @@ class MemoryProbe:
             "object_store_peak_mb": round((self.peak_store - self.idle_store) / MB, 1),
             "processes_peak": self.peak_processes,
             "samples": len(self.samples),
+            "growth_by_process_mb": self.growth_by_process(),
         }
+
+    def growth_by_process(self, top: int = 8) -> dict[str, float]:
+        """The processes whose USS grew most over idle (new processes: their whole USS)."""
+        growth = {k: v - self.idle_by_process.get(k, 0) for k, v in self.peak_by_process.items()}
+        best = sorted(growth.items(), key=lambda kv: -kv[1])[:top]
+        return {f"{_NAMES.get(k, '?')}[{k}]": round(v / MB, 1) for k, v in best}

@@ -418,10 +418,12 @@ class _TransactionalWriter(_KafkaWriter):
         self.marker = f"{ctx.job_name}/{ctx.step_id}/{ctx.instance}".encode()
         self.buffer: list[tuple[list, list | None]] = []
         self.pending: dict[int, list] = {}
+        self.last_id = 0  # newest epoch id: a final epoch at end of stream gets the next one
         create_topic(bootstrap, COMMITS_TOPIC, 1)
         self.p.init_transactions()
         if resume_state:
             done = _last_commit(bootstrap, self.marker)
+            self.last_id = max([done, *resume_state])
             self.pending = {cid: parts for cid, parts in resume_state.items() if cid > done}
             if self.pending:  # epochs of the restored (completed) checkpoint not yet committed
                 self.commit(max(self.pending))
@@ -433,6 +435,7 @@ class _TransactionalWriter(_KafkaWriter):
         return dead
 
     def snapshot(self, checkpoint_id):
+        self.last_id = max(self.last_id, checkpoint_id)
         self.pending[checkpoint_id] = self.buffer
         self.buffer = []
         return dict(self.pending)
@@ -453,8 +456,8 @@ class _TransactionalWriter(_KafkaWriter):
     def flush(self):
         # end of stream: what came after the last checkpoint is committed as a final epoch
         if self.buffer:
-            last = max(self.pending, default=0)
-            self.pending[last + 1] = self.buffer
+            self.last_id += 1
+            self.pending[self.last_id] = self.buffer
             self.buffer = []
         if self.pending:
             self.commit(max(self.pending))
@@ -466,9 +469,13 @@ def _last_commit(bootstrap: str, marker: bytes) -> int:
 
     c = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False,
                       isolation_level="read_committed", auto_offset_reset="earliest")
-    c.assign([TopicPartition(COMMITS_TOPIC, 0)])
-    last, idle = 0, 0
-    while idle < 2:
+    tp = TopicPartition(COMMITS_TOPIC, 0)
+    c.assign([tp])
+    # read at least up to the (reported) end before trusting an empty poll: the first polls
+    # of a new consumer often return nothing while it fetches metadata
+    end = c.end_offsets([tp])[tp]
+    last, idle, deadline = 0, 0, time.monotonic() + 30
+    while time.monotonic() < deadline and (c.position(tp) < end or idle < 2):
         got = c.poll(300)
         idle = 0 if got else idle + 1
         for recs in got.values():

@@ -133,8 +133,10 @@ class Job:
             return self
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         while True:
-            sinks = [h for (s, _), h in self.hosts.items() if self.flow.step(s).kind == "sink"]
-            pending = list(self._runs) + [h.wait_done.remote() for h in sinks]
+            sinks = {h.wait_done.remote(): k for k, h in self.hosts.items()
+                     if self.flow.step(k[0]).kind == "sink"}
+            pending = list(self._runs) + list(sinks)
+            sinks_done = 0
             failure = None
             while pending and failure is None:
                 if deadline is not None and time.monotonic() > deadline:
@@ -143,13 +145,15 @@ class Job:
                 for ref in ready:
                     try:
                         ray.get(ref)
+                        sinks_done += ref in sinks
                     except Exception as exc:  # noqa: BLE001
                         failure = unwrap(exc)
                         break
                 if failure is None and pending:
                     failure = self._poll_failure()
-            if failure is None:
-                break
+            if failure is None or (sinks_done == len(sinks)
+                                   and not isinstance(failure, StepError)):
+                break  # finished (an instance that died after its sinks finished changes nothing)
             if isinstance(failure, StepError) or \
                     len(self.recoveries) >= self.config.checkpoint.max_restarts:
                 self._finish_failed(failure)

@@ -1,0 +1,194 @@
+"""W1 image blur (seed 000: Storm vs IBM Streams, Tables 2 and 3), with a same-run baseline.
+
+    python benchmarks/bench_images.py            # N = 1000 images at each of 8 sizes
+    python benchmarks/bench_images.py --quick    # N = 100, sizes 50, 400, 1200
+
+For each side (50 … 1200 px) it writes N synthetic PNG files, then measures on them:
+  * ``loop``: one process, one OpenCV thread: read, decode, blur 5×5 sigma 3, encode PNG;
+    the limit a framework can approach per core, and its per-phase times;
+  * ``p1``: rayflow, parallelism 1 per step (read → decode → blur → encode-and-drop);
+  * ``blur2``: the blur step at parallelism 2;
+  * ``both``: both cores: two readers/decoders, two blurs, two writers.
+Throughput is N / (max write time − min read time). Memory is the peak USS of the driver,
+Ray's processes and every worker above the idle Ray (``rayflow.memprobe``), and the object
+store's peak, both in MB. Results: ``benchmarks/results/images[_quick].json`` and PNG plots.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "jobs"))
+
+import click  # noqa: E402
+import cv2  # noqa: E402
+import numpy as np  # noqa: E402
+from _common import RESULTS_DIR, print_table, ratio, write_result  # noqa: E402
+
+SIZES = [50, 100, 200, 400, 600, 800, 1000, 1200]
+# Tables 2 and 3 of the study (after tuning): memory MB and throughput images/s
+PUBLISHED = {
+    50: (220, 165, 1002, 1186), 100: (250, 166, 730, 611), 200: (284, 166, 202, 210),
+    400: (310, 166, 108, 42.3), 600: (320, 169, 49.6, 23.6), 800: (400, 170, 32.5, 14.5),
+    1000: (460, 178, 24, 9.51), 1200: (580, 200, 14.4, 5.91),
+}
+CONFIGS = {
+    "p1": {"readers": 1, "blur_parallelism": 1, "writers": 1},
+    "blur2": {"readers": 1, "blur_parallelism": 2, "writers": 1},
+    "both": {"readers": 2, "blur_parallelism": 2, "writers": 2},
+}
+
+
+def opencv_loop(files: list[Path]) -> dict:
+    """The plain single-process loop on the same files, with per-phase times."""
+    cv2.setNumThreads(1)
+    t_read = t_dec = t_blur = t_enc = 0.0
+    t0 = time.perf_counter()
+    for f in files:
+        a = time.perf_counter()
+        data = f.read_bytes()
+        b = time.perf_counter()
+        img = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_UNCHANGED)
+        c = time.perf_counter()
+        out = cv2.GaussianBlur(img, (5, 5), 3, sigmaY=3)
+        d = time.perf_counter()
+        ok, _ = cv2.imencode(".png", out)
+        e = time.perf_counter()
+        t_read += b - a
+        t_dec += c - b
+        t_blur += d - c
+        t_enc += e - d
+    total = time.perf_counter() - t0
+    n = len(files)
+    return {"img_s": round(n / total, 2),
+            "ms": {"read": round(1e3 * t_read / n, 3), "decode": round(1e3 * t_dec / n, 3),
+                   "blur": round(1e3 * t_blur / n, 3), "encode": round(1e3 * t_enc / n, 3)}}
+
+
+def ceiling(step_ms: dict, cfg: dict, cores: int) -> float:
+    """Images/s the measured per-step times allow: each instance is one thread, so a step
+    at parallelism p does at most p / t images/s, and all steps share ``cores`` cores."""
+    par = {"read": cfg["readers"], "decode": cfg["readers"], "blur": cfg["blur_parallelism"],
+           "write": cfg["writers"]}
+    per_step = min(1000.0 * par[s] / t for s, t in step_ms.items() if t > 0)
+    shared = 1000.0 * cores / max(sum(step_ms.values()), 1e-9)
+    return round(min(per_step, shared), 1)
+
+
+def run_size(side: int, n: int, workdir: Path, configs: list[str]) -> dict:
+    from image_blur import run_w1
+
+    from rayflow.connectors.images import write_image_set
+
+    d = workdir / f"s{side}"
+    t0 = time.time()
+    files = write_image_set(d, n, side)
+    gen_s = time.time() - t0
+    opencv_loop(files[: min(20, n)])  # warm the page cache and OpenCV
+    loop = opencv_loop(files)
+    row = {"side": side, "n": n, "png_kb": round(sum(f.stat().st_size for f in files) / n / 1e3, 1),
+           "gen_s": round(gen_s, 1), "loop": loop}
+    for name in configs:
+        res = run_w1(str(d), measure_memory=True, **CONFIGS[name])
+        assert res["images_written"] == n and res["dead_letters"] == 0, res
+        res["ceiling_img_s"] = ceiling(res["step_ms_per_image"], CONFIGS[name], 2)
+        res["vs_loop"] = ratio(res["throughput_img_s"], loop["img_s"])
+        row[name] = res
+        print(f"  {side:>5} px {name:>6}: {res['throughput_img_s']:8.1f} img/s "
+              f"(loop {loop['img_s']:.1f}, x{res['vs_loop']}), ceiling {res['ceiling_img_s']}, "
+              f"USS +{res['memory']['uss_peak_above_idle_mb']} MB, "
+              f"store {res['memory']['object_store_peak_mb']} MB", flush=True)
+    shutil.rmtree(d, ignore_errors=True)
+    return row
+
+
+def plot(rows: list[dict], configs: list[str], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    sides = [r["side"] for r in rows]
+    fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4.5))
+    a.plot(sides, [r["loop"]["img_s"] for r in rows], "k--o", label="OpenCV loop (1 core)")
+    for c in configs:
+        a.plot(sides, [r[c]["throughput_img_s"] for r in rows], "-o", label=f"rayflow {c}")
+    a.plot(sides, [PUBLISHED[s][2] for s in sides], ":s", label="Storm (published)")
+    a.plot(sides, [PUBLISHED[s][3] for s in sides], ":^", label="Streams (published)")
+    a.set(xlabel="image side (px)", ylabel="images/s", yscale="log", title="W1 throughput")
+    a.legend(fontsize=8)
+    for c in configs:
+        b.plot(sides, [r[c]["memory"]["uss_peak_above_idle_mb"] for r in rows], "-o",
+               label=f"rayflow {c}: USS above idle")
+    b.plot(sides, [r[configs[0]]["memory"]["object_store_peak_mb"] for r in rows], "-x",
+           label=f"rayflow {configs[0]}: object store peak")
+    b.plot(sides, [PUBLISHED[s][0] for s in sides], ":s", label="Storm (published)")
+    b.plot(sides, [PUBLISHED[s][1] for s in sides], ":^", label="Streams (published)")
+    b.set(xlabel="image side (px)", ylabel="MB", title="W1 peak memory", ylim=(0, None))
+    b.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+@click.command()
+@click.option("--quick", is_flag=True, help="N=100 at 50, 400 and 1200 px.")
+@click.option("--count", type=int, default=None, help="Images per size (default 1000).")
+@click.option("--sizes", default=None, help="Comma-separated sides, px.")
+@click.option("--configs", default="p1,blur2,both", show_default=True)
+def main(quick, count, sizes, configs):
+    from image_blur import LOCAL_RAY
+
+    from rayflow._raycontext import ensure_ray
+
+    n = count or (100 if quick else 1000)
+    sides = [int(s) for s in sizes.split(",")] if sizes else ([50, 400, 1200] if quick else SIZES)
+    configs = configs.split(",")
+    ensure_ray(None, **LOCAL_RAY)
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="w1-bench-") as tmp:
+        for side in sides:
+            rows.append(run_size(side, n, Path(tmp), configs))
+    name = "images_quick" if quick or n < 1000 else "images"
+    table = []
+    for r in rows:
+        s = r["side"]
+        table.append([s, r["loop"]["img_s"]] + [r[c]["throughput_img_s"] for c in configs]
+                     + [r[c]["vs_loop"] for c in configs] + [r["both" if "both" in configs
+                                                              else configs[0]]["ceiling_img_s"]]
+                     + [PUBLISHED[s][2], PUBLISHED[s][3]] if s in PUBLISHED else [None] * 2)
+    print_table(f"W1 throughput, images/s (N={n}, this machine)",
+                ["px", "loop"] + configs + [f"{c}/loop" for c in configs]
+                + ["ceiling(both)", "Storm", "Streams"], table)
+    print_table("W1 per-image ms: loop phases | rayflow p1 steps (busy − backpressure)",
+                ["px", "read", "decode", "blur", "encode", "p1 read", "p1 decode", "p1 blur",
+                 "p1 write", "p1 ceiling"],
+                [[r["side"], *r["loop"]["ms"].values(),
+                  *r[configs[0]]["step_ms_per_image"].values(), r[configs[0]]["ceiling_img_s"]]
+                 for r in rows])
+    mem = [[r["side"]] + [r[c]["memory"]["uss_peak_above_idle_mb"] for c in configs]
+           + [r[c]["memory"]["object_store_peak_mb"] for c in configs]
+           + list(PUBLISHED.get(r["side"], (None, None))[:2]) for r in rows]
+    print_table("W1 peak memory, MB (USS above idle Ray; object store peak)",
+                ["px"] + [f"USS {c}" for c in configs] + [f"store {c}" for c in configs]
+                + ["Storm", "Streams"], mem)
+    first, last = rows[0], rows[-1]
+    growth = {c: ratio(last[c]["memory"]["uss_peak_above_idle_mb"],
+                       first[c]["memory"]["uss_peak_above_idle_mb"]) for c in configs}
+    print(f"\nmemory growth {first['side']} -> {last['side']} px (USS above idle): {growth}"
+          f"  (target <= 1.5; Streams 1.2, Storm 2.6)")
+    png = RESULTS_DIR / f"{name}.png"
+    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+    plot(rows, configs, png)
+    path = write_result(name, {"n": n, "sizes": sides, "configs": CONFIGS, "rows": rows,
+                               "memory_growth": growth, "published": PUBLISHED,
+                               "plot": png.name})
+    print(f"wrote {path} and {png}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,115 @@
+"""Fault injection for recovery tests: wrappers that crash their actor once, at a chosen
+point, the way a machine failure would (the process exits; nothing is cleaned up).
+
+The "once" is a marker file, so the restarted instance runs normally.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rayflow.connectors.base import SinkSpec, SinkWriter
+from rayflow.operators.base import Logic, OperatorSpec
+
+
+def _crash_once(marker: str) -> None:
+    path = Path(marker)
+    if path.exists():
+        return
+    path.write_text("crashed")
+    os._exit(17)  # like a lost node: no exception, no cleanup
+
+
+@dataclass(frozen=True)
+class CrashDuringCheckpoint(OperatorSpec):
+    """Runs ``inner``; its instance 0 dies while snapshotting checkpoint ``at_checkpoint``
+    (after some tasks have acknowledged it, before this one does)."""
+
+    inner: OperatorSpec
+    at_checkpoint: int
+    marker: str
+
+    def build(self, ctx, resume_state=None):
+        logic = self.inner.build(ctx, resume_state)
+        spec = self
+        seen = {"n": 0}
+
+        class _Crashing(Logic):
+            def __init__(self):
+                super().__init__(ctx)
+
+            def open(self):
+                logic.open()
+
+            def process(self, items, times):
+                return logic.process(items, times)
+
+            def on_tick(self, now):
+                return logic.on_tick(now)
+
+            def on_end(self):
+                return logic.on_end()
+
+            def snapshot(self):
+                seen["n"] += 1
+                if ctx.instance == 0 and seen["n"] >= spec.at_checkpoint:
+                    _crash_once(spec.marker)
+                return logic.snapshot()
+
+            def close(self):
+                logic.close()
+
+        return _Crashing()
+
+
+@dataclass(frozen=True)
+class CrashBeforeCommit(SinkSpec):
+    """Runs sink ``inner``; it dies after pre-committing checkpoint ``at_checkpoint`` (the
+    checkpoint is complete) and before committing it."""
+
+    inner: SinkSpec
+    at_checkpoint: int
+    marker: str
+
+    def build(self, ctx, resume_state=None):
+        writer = self.inner.build(ctx, resume_state)
+        spec = self
+
+        class _Crashing(SinkWriter):
+            def write(self, items, times, in_time):
+                return writer.write(items, times, in_time)
+
+            def flush(self):
+                writer.flush()
+
+            def snapshot(self, checkpoint_id):
+                return writer.snapshot(checkpoint_id)
+
+            def commit(self, checkpoint_id):
+                if checkpoint_id >= spec.at_checkpoint:
+                    _crash_once(spec.marker)
+                writer.commit(checkpoint_id)
+
+            def result(self):
+                return writer.result()
+
+            def close(self):
+                writer.close()
+
+        return _Crashing()
+
+
+def wait_for(predicate: Any, timeout_s: float = 30.0, every_s: float = 0.1) -> Any:
+    """Poll ``predicate()`` until it is truthy; return its value or raise TimeoutError."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(every_s)
+    raise TimeoutError(f"condition not met within {timeout_s}s")
