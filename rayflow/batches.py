@@ -41,6 +41,7 @@ class EndOfStream:
 
     step_id: str
     instance: int
+    drain: bool = True  # False after a savepoint: operators keep open windows in the state
 
 
 @dataclass(frozen=True, slots=True)

@@ -287,7 +287,7 @@ class _TimeLogic(_StatefulLogic):
         self.watermark = self.state.get(self.WM, -math.inf)
         self.last_record_wall = time.time()
         self.open_windows: dict[tuple, Any] = {}
-        for k, v in self.state.items():
+        for k, _ in self.state.items():
             if isinstance(k, tuple) and len(k) == 3 and k[0] == "__w":
                 self.open_windows[k[1:]] = None  # index of open windows for closing
 

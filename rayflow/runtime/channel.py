@@ -86,9 +86,9 @@ class Emitter:
             else:
                 self._send(chans[0], batch, size)
 
-    def emit_eos(self) -> None:
+    def emit_eos(self, drain: bool = True) -> None:
         """Tell every connected downstream instance that this instance is done."""
-        self.emit_control(EndOfStream(*self.source))
+        self.emit_control(EndOfStream(*self.source, drain))
 
     def emit_control(self, msg: Any) -> None:
         """Send a marker (end of stream, barrier, tick) on every channel, in order with the

@@ -67,18 +67,25 @@ class CoordinatorActor:
 
     def savepoint(self, stop_after: bool, timeout_s: float) -> int | None:
         """Trigger a checkpoint now (sources stop after it when ``stop_after``); wait for it."""
-        with self.lock:
-            core = self.core
-            if core is None or core.pending is not None or core.finished:
-                return None
-            from rayflow.checkpoint import _Pending
+        from rayflow.checkpoint import _Pending
 
-            cid = core.next_id
-            core.next_id += 1
-            core.pending = _Pending(cid, time.time())
-            done = self._stop_waiters[cid] = threading.Event()
-            for h in self.sources.values():
-                h.trigger_checkpoint.remote(cid, stop_after)
+        deadline = time.monotonic() + timeout_s
+        while True:  # let a periodic checkpoint in flight finish first
+            with self.lock:
+                core = self.core
+                if core is None or core.finished:
+                    return None
+                if core.pending is None:
+                    cid = core.next_id
+                    core.next_id += 1
+                    core.pending = _Pending(cid, time.time())
+                    done = self._stop_waiters[cid] = threading.Event()
+                    for h in self.sources.values():
+                        h.trigger_checkpoint.remote(cid, stop_after)
+                    break
+            if time.monotonic() > deadline:
+                return None
+            time.sleep(0.02)
         return cid if done.wait(timeout_s) else None
 
     def latest(self) -> CompletedCheckpoint | None:

@@ -64,6 +64,7 @@ class StepHost:
         self._held: deque = deque()  # (msg, sender) of blocked inputs, in arrival order
         self._aligning: Barrier | None = None
         self._trigger: Barrier | None = None
+        self._drain = True  # end of stream flushes open windows, unless after a savepoint
         self._last_tick = 0.0
         self.emitter: Emitter | None = None
         self._ray_metrics = _RayMetrics(ctx)
@@ -130,6 +131,7 @@ class StepHost:
                     self._ack(barrier.checkpoint_id, reader.snapshot())
                     emitter.emit_control(barrier)
                     if barrier.stop_after:
+                        self._drain = False
                         break
                 elif got is None:
                     if reader.exhausted:
@@ -141,7 +143,7 @@ class StepHost:
                 c.busy_s += time.perf_counter() - t0
             if pending:
                 self._emit_parts(parts, times, in_time)
-            emitter.emit_eos()
+            emitter.emit_eos(self._drain)
             emitter.drain()
             if self.coordinator is not None:
                 self.coordinator.task_finished.remote(self._key())
@@ -188,6 +190,7 @@ class StepHost:
             self._on_tick(msg)
         elif isinstance(msg, EndOfStream):
             self._finished_inputs.add(sender)
+            self._drain = self._drain and msg.drain
             if self._aligning is not None:
                 self._maybe_aligned()
             if len(self._finished_inputs) >= len(self._inputs):
@@ -302,9 +305,10 @@ class StepHost:
                 self.writer.flush()
                 self.writer.close()
         else:
-            self._emit_output(self.logic.on_end(), time.time())
+            if self._drain:  # a savepoint stop keeps open windows in the snapshot instead
+                self._emit_output(self.logic.on_end(), time.time())
             self.logic.close()
-            self.emitter.emit_eos()
+            self.emitter.emit_eos(self._drain)
             self.emitter.drain()
         if self._dead_writer is not None:
             self._dead_writer.flush()
