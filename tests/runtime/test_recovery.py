@@ -20,7 +20,7 @@ from rayflow.operators.windows import CountWindow, MinMax, Windowed
 from rayflow.testing import CrashBeforeCommit, CrashDuringCheckpoint, wait_for
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "jobs"))
-from wordcount import parse, sentences, to_json  # noqa: E402
+from wordcount import parse, sentences  # noqa: E402
 
 N = 1500
 CHK = {"interval_s": 0.3, "processing_guarantee": "exactly_once"}
