@@ -23,7 +23,7 @@ import numpy as np
 
 from rayflow.batches import brief
 from rayflow.connectors.base import SinkSpec, SinkWriter, SourceReader, SourceSpec
-from rayflow.operators.base import DeadLetter, StepContext
+from rayflow.operators.base import DeadLetter, Rescaled, StepContext
 
 Start = Literal["earliest", "latest", "committed"]
 Client = Literal["kafka-python", "confluent"]
@@ -86,6 +86,9 @@ class _KafkaReader(SourceReader):
         if not parts:
             raise ValueError(f"Kafka topic {spec.topic!r} does not exist or has no partitions")
         self.partitions = [p for p in sorted(parts) if p % ctx.parallelism == ctx.instance]
+        if isinstance(resume_state, Rescaled):  # offsets of every old instance: keep ours
+            merged = {int(p): o for h in resume_state.handles if h for p, o in h.items()}
+            resume_state = {p: o for p, o in merged.items() if p in self.partitions}
         self.next: dict[int, int] = {}
         if self.partitions:
             begin, end = consumer.watermarks(spec.topic, self.partitions)
@@ -421,6 +424,10 @@ class _TransactionalWriter(_KafkaWriter):
         self.last_id = 0  # newest epoch id: a final epoch at end of stream gets the next one
         create_topic(bootstrap, COMMITS_TOPIC, 1)
         self.p.init_transactions()
+        if isinstance(resume_state, Rescaled):
+            # a rescale resumes from a savepoint: the old instances committed everything at
+            # their end of stream, so there is nothing of theirs to commit
+            resume_state = None
         if resume_state:
             done = _last_commit(bootstrap, self.marker)
             self.last_id = max([done, *resume_state])

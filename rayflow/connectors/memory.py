@@ -15,7 +15,16 @@ import numpy as np
 
 from rayflow.batches import Items, concat, num_rows
 from rayflow.connectors.base import SinkSpec, SinkWriter, SourceReader, SourceSpec
-from rayflow.operators.base import StepContext
+from rayflow.errors import ConfigError
+from rayflow.operators.base import Rescaled, StepContext
+
+
+def _no_rescale(spec: SourceSpec, resume_state: Any) -> None:
+    if isinstance(resume_state, Rescaled):
+        raise ConfigError(
+            f"{type(spec).__name__} cannot change parallelism from a checkpoint (its positions "
+            f"are per instance); keep its parallelism, or use a partitioned source like Kafka"
+        )
 
 
 @dataclass(frozen=True)
@@ -29,6 +38,7 @@ class MemorySource(SourceSpec):
     records: Any
 
     def build(self, ctx: StepContext, resume_state: Any = None) -> SourceReader:
+        _no_rescale(self, resume_state)
         n = num_rows(self.records)
         lo, hi = n * ctx.instance // ctx.parallelism, n * (ctx.instance + 1) // ctx.parallelism
         return _SliceReader(self.records[lo:hi], int(resume_state or 0))
@@ -73,6 +83,7 @@ class GeneratorSource(SourceSpec):
     columnar: bool = False
 
     def build(self, ctx: StepContext, resume_state: Any = None) -> SourceReader:
+        _no_rescale(self, resume_state)
         return _GeneratorReader(self, ctx, int(resume_state or 0))
 
 

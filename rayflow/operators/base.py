@@ -91,6 +91,23 @@ class Logic:
         return DeadLetter(self.ctx.step_id, self.ctx.instance, reason, record, where)
 
 
+@dataclass(frozen=True)
+class Rescaled:
+    """Resume state of an instance whose step changed parallelism since the checkpoint: the
+    snapshots of *every* old instance, from which the new instance takes what it owns."""
+
+    handles: tuple[Any, ...]
+    old_parallelism: int
+
+
+def owns(key: Any, ctx: StepContext) -> bool:
+    """Whether instance ``ctx.instance`` owns ``key`` under hash partitioning (the same rule
+    the channels use, so restored state sits where its records arrive)."""
+    from rayflow.batches import stable_hash
+
+    return stable_hash(key) % ctx.parallelism == ctx.instance
+
+
 class OperatorSpec:
     """Picklable configuration of an operator; ``build`` turns it into live logic."""
 

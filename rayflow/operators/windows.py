@@ -26,7 +26,15 @@ from typing import Any, Generic, TypeVar
 
 import numpy as np
 
-from rayflow.operators.base import Logic, OperatorSpec, Output, StepContext, describe_exception
+from rayflow.operators.base import (
+    Logic,
+    OperatorSpec,
+    Output,
+    Rescaled,
+    StepContext,
+    describe_exception,
+    owns,
+)
 from rayflow.state.backends import MemoryBackend
 
 A = TypeVar("A")
@@ -233,15 +241,41 @@ class _StatefulLogic(Logic):
         super().__init__(ctx)
         self.spec = spec
         backend = ctx.state_backend or MemoryBackend()
-        self.state = backend.open(ctx.step_id, ctx.instance, ctx.job_name, resume_state)
-        self.checkpoint_id = 0
+        if isinstance(resume_state, Rescaled):
+            self.state = backend.open(ctx.step_id, ctx.instance, ctx.job_name)
+            self._merge_rescaled(backend, resume_state)
+        else:
+            self.state = backend.open(ctx.step_id, ctx.instance, ctx.job_name, resume_state)
+
+    def _merge_rescaled(self, backend, resumed: Rescaled) -> None:
+        """Take the keys this instance owns from every old instance's snapshot; instance-wide
+        values (watermarks) take the most advanced old value."""
+        for old, handle in enumerate(resumed.handles):
+            if handle is None:
+                continue
+            src = backend.open(self.ctx.step_id, old, self.ctx.job_name, handle)
+            for k, v in src.items():
+                route = self.routing_key(k)
+                if route is _GLOBAL:
+                    cur = self.state.get(k)
+                    self.state.put(k, v if cur is None else max(cur, v))
+                elif owns(route, self.ctx):
+                    self.state.put(k, v)
+            src.close()
+
+    def routing_key(self, state_key: Any) -> Any:
+        return state_key
 
     def snapshot(self) -> Any:
-        self.checkpoint_id += 1
-        return self.state.snapshot(self.checkpoint_id)
+        # a fresh name per snapshot: a restored job must never overwrite the files of the
+        # checkpoint it was restored from
+        return self.state.snapshot(time.time_ns())
 
     def close(self) -> None:
         self.state.close()
+
+
+_GLOBAL = object()
 
 
 class _CountLogic(_StatefulLogic):
@@ -279,6 +313,11 @@ class _TimeLogic(_StatefulLogic):
     """State: (key, start, end) -> acc, plus the watermark under ``__wm``."""
 
     WM = "__watermark__"
+
+    def routing_key(self, state_key):
+        if isinstance(state_key, tuple) and len(state_key) == 3 and state_key[0] == "__w":
+            return state_key[1]
+        return _GLOBAL
 
     def __init__(self, spec, ctx, resume_state):
         super().__init__(spec, ctx, resume_state)

@@ -7,8 +7,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from typing import Any
 
 from rayflow._raycontext import ensure_ray
@@ -17,7 +18,7 @@ from rayflow.config import RayflowConfig, load_config
 from rayflow.dataflow import Dataflow
 from rayflow.errors import StepError
 from rayflow.metrics import StepCounters, latency_windows, summarize_latency
-from rayflow.operators.base import StepContext
+from rayflow.operators.base import Rescaled, StepContext
 from rayflow.runtime.channel import unwrap
 from rayflow.runtime.plan import make_plan
 
@@ -67,12 +68,17 @@ class Job:
         backend = backend_from_name(chk.state_backend, chk.state_dir)
         steps = {s.step_id: s for s in self.flow.steps}
         handles_in = latest.handles if latest is not None else {}
+        old_par = Counter(s for s, _ in handles_in)
         for key in self.plan.instances():
             step_id, i = key
             step = steps[step_id]
             ctx = StepContext(step_id, i, step.parallelism, self.flow.name, backend,
                               chk.processing_guarantee)
             resume = handles_in.get(key)
+            if old_par.get(step_id, step.parallelism) != step.parallelism:
+                n_old = old_par[step_id]
+                resume = Rescaled(tuple(handles_in.get((step_id, j)) for j in range(n_old)),
+                                  n_old)
             if step.kind == "source" and key in positions:
                 resume = positions[key]  # at-most-once: never replay what already left
             self.hosts[key] = StepHost.options(
@@ -182,6 +188,24 @@ class Job:
             else:
                 ray.get([self.hosts[k].stop.remote() for k in self._runs.values()])
         return self.wait(timeout_s)
+
+    def rescale(self, parallelism: dict[str, int], timeout_s: float = 60.0) -> Job:
+        """Change steps' parallelism on a running job: stop at a savepoint, then start the
+        same flow with the new parallelism from it. Keyed state moves to the instances that
+        own its keys; Kafka partitions are spread over the new source instances. Returns the
+        new job (this one is STOPPED)."""
+        import copy
+
+        unknown = set(parallelism) - {s.step_id for s in self.flow.steps}
+        if unknown:
+            raise ValueError(f"rescale: no such steps {sorted(unknown)}")
+        self.stop(timeout_s, savepoint=True)
+        flow = copy.copy(self.flow)
+        flow._steps = {sid: (dataclasses.replace(s, parallelism=parallelism[sid])
+                             if sid in parallelism else s) for sid, s in self.flow._steps.items()}
+        job = Job(flow, self.config)
+        job.start(self.last_checkpoint())
+        return job
 
     def last_checkpoint(self) -> Any:
         """The last completed checkpoint (a picklable object to ``resume_from``), or None."""
