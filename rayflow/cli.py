@@ -4,6 +4,8 @@
     rayflow kafka up | status | down
     rayflow run jobs/identity.py --records 10000
     rayflow bench identity --quick
+    rayflow cluster validate cluster/aws.yaml | up-local | down-local
+    rayflow submit --address http://head:8265 -- python jobs/identity.py --address auto
 """
 
 from __future__ import annotations
@@ -125,6 +127,147 @@ def demo(quick: bool, address: str | None, bootstrap: str | None, as_json: bool)
     rows = run_demo(quick=quick, address=address, bootstrap=bootstrap)
     if as_json:
         click.echo(json.dumps(rows, indent=2, default=str))
+
+
+# -- clusters and job submission (rayflow.deploy) ----------------------------------------------
+@main.group()
+def cluster() -> None:
+    """Cluster specs (validate offline) and private local heads (up-local / down-local)."""
+
+
+@cluster.command("validate")
+@click.argument("file", type=click.Path(dir_okay=False))
+@click.option("--rank-cpus", type=float, default=None,
+              help="CPUs one gang rank asks for (default: hpc.rank_num_cpus).")
+@click.option("--json", "as_json", is_flag=True, help="Print machine-readable output.")
+def cluster_validate(file: str, rank_cpus: float | None, as_json: bool) -> None:
+    """Validate a Ray cluster-launcher YAML offline: Ray's schema and rayflow's rules."""
+    from rayflow.deploy.spec import ClusterSpecError, validate_file
+
+    try:
+        report = validate_file(file, rank_cpus)
+    except ClusterSpecError as exc:
+        if as_json:
+            click.echo(json.dumps({"file": file, "valid": False, "path": exc.path,
+                                   "line": exc.line, "error": exc.message}, indent=2))
+            sys.exit(1)
+        raise
+    if as_json:
+        click.echo(json.dumps(report.as_dict(), indent=2))
+        return
+    types = ", ".join(f"{k} {v['resources']} x{v['min_workers']}..{v['max_workers']}"
+                      for k, v in report.node_types.items())
+    click.echo(f"{file}: valid ({report.provider}; {types}; idle timeout "
+               f"{report.idle_timeout_minutes} min)")
+    for w in report.warnings:
+        click.secho(f"warning: {w.path}: {w.message}", fg="yellow", err=True)
+
+
+@cluster.command("up-local")
+@click.option("--num-cpus", default=2, show_default=True, help="Logical CPUs of the head.")
+@click.option("--autoscale", "autoscale", type=click.Path(dir_okay=False), default=None,
+              help="A fake multi-node spec (cluster/local-autoscale.yaml): autoscaling head.")
+@click.option("--json", "as_json", is_flag=True, help="Print machine-readable output.")
+def cluster_up_local(num_cpus: int, autoscale: str | None, as_json: bool) -> None:
+    """Start a private local head with the dashboard (free ports, own temp dir).
+
+    Prints its addresses and PID; `rayflow cluster down-local` ends it by PID.
+    """
+    from rayflow.deploy import local
+
+    if local.recorded_head() and local.head_processes(local.recorded_head()):
+        raise RuntimeError("a local head is already up; run `rayflow cluster down-local`")
+    if autoscale:
+        from rayflow.deploy.spec import validate_file
+
+        validate_file(autoscale)
+    head = local.start_head(num_cpus, autoscaling_config=autoscale, record=True)
+    _emit({"pid": head.pid, "address": head.address, "dashboard": head.dashboard_url,
+           "temp_dir": head.temp_dir, "started_s": head.started_s,
+           "submit": f"rayflow submit --address {head.dashboard_url} -- python jobs/X.py "
+                     f"--address auto"}, as_json)
+
+
+@cluster.command("down-local")
+@click.option("--json", "as_json", is_flag=True, help="Print machine-readable output.")
+def cluster_down_local(as_json: bool) -> None:
+    """Stop the head `up-local` started (by PID; never `ray stop`)."""
+    from rayflow.deploy import local
+
+    head = local.recorded_head()
+    if head is None:
+        _emit({"running": False, "stopped_processes": 0}, as_json)
+        return
+    n = local.stop_head(head)
+    local.forget_recorded_head()
+    _emit({"running": False, "pid": head["pid"], "stopped_processes": n}, as_json)
+
+
+@main.command(context_settings={"ignore_unknown_options": True})
+@click.option("--address", default=None,
+              help="Job API (dashboard) address, e.g. http://head:8265 "
+                   "(default: RAY_API_SERVER_ADDRESS, or http://127.0.0.1:8265).")
+@click.option("--working-dir", default=".", show_default=True, type=click.Path(file_okay=False),
+              help="Uploaded with the job (.git, .venv, results, data, images left out).")
+@click.option("--no-working-dir", is_flag=True, help="Upload nothing.")
+@click.option("--exclude", multiple=True, help="Another gitignore-style pattern to leave out.")
+@click.option("--env", "env_pairs", multiple=True, metavar="NAME=VALUE",
+              help="An environment variable of the job's driver.")
+@click.option("--no-wait", is_flag=True, help="Return once the job is accepted.")
+@click.option("--timeout", "timeout_s", type=float, default=None, help="Stop after seconds.")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON summary at the end.")
+@click.argument("entrypoint", nargs=-1, type=click.UNPROCESSED, required=True)
+def submit(address: str | None, working_dir: str, no_working_dir: bool, exclude: tuple,
+           env_pairs: tuple, no_wait: bool, timeout_s: float | None, as_json: bool,
+           entrypoint: tuple) -> None:
+    """Submit a job to a Ray cluster and stream its logs; exits with the job's status.
+
+        rayflow submit --address http://head:8265 -- python jobs/identity.py \\
+            --address auto --bootstrap kafka:9092 --records 10000
+    """
+    from rayflow.deploy.submit import submit as do_submit
+
+    env = {}
+    for pair in env_pairs:
+        name, sep, value = pair.partition("=")
+        if not sep:
+            raise ValueError(f"--env {pair!r}: use NAME=VALUE")
+        env[name] = value
+    res = do_submit(list(entrypoint), address=address,
+                    working_dir=None if no_working_dir else working_dir, extra_excludes=exclude,
+                    env_vars=env, wait=not no_wait, timeout_s=timeout_s,
+                    on_log=None if as_json else (lambda t: click.echo(t, nl=False)))
+    summary = {"job_id": res.job_id, "status": res.status, "exit_code": res.exit_code,
+               "submit_s": round(res.submit_s, 2), "total_s": round(res.total_s, 2),
+               "working_dir_bytes": res.working_dir_bytes}
+    if as_json:
+        click.echo(json.dumps({**summary, "logs": res.logs}, indent=2))
+    else:
+        click.echo(f"job {res.job_id}: {res.status} (exit {res.exit_code}, "
+                   f"{res.total_s:.1f} s)", err=True)
+    if not no_wait:
+        sys.exit(res.exit_code)
+
+
+@main.command()
+@click.option("--results", "results_dir", default="benchmarks/results", show_default=True,
+              type=click.Path(file_okay=False, path_type=Path),
+              help="Directory of benchmark result JSON files.")
+@click.option("--out", "out_file", default="BENCHMARKS.md", show_default=True,
+              type=click.Path(dir_okay=False, path_type=Path), help="Markdown file to write.")
+@click.option("--plots", "plots_dir", default=None,
+              type=click.Path(file_okay=False, path_type=Path),
+              help="Directory for the PNG plots (default: RESULTS/plots).")
+def report(results_dir: Path, out_file: Path, plots_dir: Path | None) -> None:
+    """Gather benchmark results (W1-W6 and more) into BENCHMARKS.md with plots: our figures,
+    same-run baselines, published figures, ratios, machine, date and targets met or missed."""
+    from rayflow.report import generate
+
+    if not results_dir.is_dir():
+        raise RayflowError(f"no results directory {results_dir}: run `rayflow bench <name>` "
+                           "first, or pass --results DIR")
+    path = generate(results_dir, out_file, plots_dir or results_dir / "plots")
+    click.echo(f"wrote {path}")
 
 
 if __name__ == "__main__":

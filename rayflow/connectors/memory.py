@@ -95,9 +95,11 @@ class _GeneratorReader(SourceReader):
             self.total = len(range(self.k, spec.count, self.n))
         self.done = done
         self.rate = spec.rate / self.n if spec.rate else None
-        self.t0 = time.time() - (done / self.rate if self.rate else 0.0)
+        self.t0: float | None = None  # the schedule starts at the first poll, not at build
 
     def poll(self, max_records, timeout_s):
+        if self.t0 is None:
+            self.t0 = time.time() - (self.done / self.rate if self.rate else 0.0)
         want = max_records
         if self.total is not None:
             want = min(want, self.total - self.done)

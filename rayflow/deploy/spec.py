@@ -201,7 +201,11 @@ def rayflow_rules(config: dict[str, Any], rank_num_cpus: float = 1.0
                                       "the autoscaler plans gangs and actors from it"))
                 continue
             cpu = res["CPU"]
-            if isinstance(cpu, (int, float)) and cpu >= rank_num_cpus:
+            if not isinstance(cpu, int) or isinstance(cpu, bool) or cpu < 0:
+                errors.append(Finding(f"{base}.resources.CPU", f"must be a whole number of "
+                                      f"CPUs >= 0 (an integer, as Ray's schema says), got {cpu!r}"))
+                continue
+            if cpu >= rank_num_cpus:
                 fits_rank = True
             lo, hi = t.get("min_workers", 0), t.get("max_workers")
             if hi is None:

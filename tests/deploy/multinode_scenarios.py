@@ -1,0 +1,197 @@
+"""Multi-node scenarios on ``ray.cluster_utils.Cluster``, one per process.
+
+    python tests/deploy/multinode_scenarios.py spread|gangs|node_loss
+
+Each scenario builds its own simulated cluster (private GCS port and temp dir; no dashboard),
+runs, prints one JSON line ``RESULT {...}`` and exits; tests/deploy/test_multinode.py asserts
+on it. A separate process per scenario keeps these clusters away from the session-wide local
+Ray of the other tests (one Ray per driver process).
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import sys
+import tempfile
+import threading
+import time
+
+import rayflow as rf  # noqa: F401 - sets RAY_AUTH_MODE=token before Ray is imported
+
+# fast node-death detection: the node-loss scenario should not wait ~15 s for the GCS
+SYSTEM_CONFIG = {"health_check_period_ms": 500, "health_check_failure_threshold": 3,
+                 "health_check_initial_delay_ms": 0}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def make_cluster(head_cpus: float, workers: list[float]):
+    import ray
+    from ray.cluster_utils import Cluster
+
+    tmp = tempfile.mkdtemp(prefix="rfc-", dir="/tmp")
+    cluster = Cluster(initialize_head=True, head_node_args={
+        "num_cpus": head_cpus, "gcs_server_port": _free_port(), "temp_dir": tmp,
+        "include_dashboard": False, "object_store_memory": 100 * 2**20,
+        "_system_config": SYSTEM_CONFIG})
+    nodes = [cluster.add_node(num_cpus=c, object_store_memory=100 * 2**20) for c in workers]
+    cluster.wait_for_nodes()
+    ray.init(address=cluster.address)
+    return cluster, nodes
+
+
+def actor_nodes(handles) -> list[str]:
+    """Node id of each actor (from the GCS actor table; no dashboard needed)."""
+    import ray
+
+    table = ray._private.state.actors()
+    return [table[h._actor_id.hex()]["Address"]["NodeID"] for h in handles]
+
+
+def scenario_spread() -> dict:
+    """Step actors (0 CPUs, SPREAD) of one flow land on every node."""
+    import ray
+
+    cluster, _ = make_cluster(1, [1, 1])
+    n = 3000
+    flow = rf.Dataflow("spread")
+    (flow.source("src", rf.MemorySource(list(range(n))))
+         .map("slow", lambda x: (time.sleep(0.0005), x)[1], parallelism=3)
+         .map("double", lambda x: 2 * x, parallelism=2)
+         .sink("out", rf.CollectSink()))
+    job = rf.run(flow, background=True, stream={"batch_size": 100})
+    keys = sorted(job.hosts)
+    nodes = dict(zip([f"{s}/{i}" for s, i in keys], actor_nodes([job.hosts[k] for k in keys])))
+    job.wait(120)
+    out = sorted(job.collect("out"))
+    return {"nodes": [x["NodeID"] for x in ray.nodes() if x["Alive"]], "placement": nodes,
+            "correct": out == [2 * i for i in range(n)], "_cluster": cluster}
+
+
+def scenario_gangs() -> dict:
+    """Gangs honour their strategy; one that cannot fit fails with GangSchedulingError."""
+    import ray
+
+    from rayflow.errors import GangSchedulingError
+    from rayflow.hpc import BlockDataset, Gang, mpimap
+
+    cluster, _ = make_cluster(2, [2, 2])
+    res: dict = {"nodes": [x["NodeID"] for x in ray.nodes() if x["Alive"]]}
+    with Gang(3, strategy="STRICT_SPREAD", gang_timeout_s=30) as g:
+        res["strict_spread"] = list(g.node_ids)
+        import numpy as np
+
+        ds = BlockDataset.from_numpy(np.arange(3.0).reshape(3, 1), (3, 1))
+        out = mpimap(lambda comm, b: b * 0 + comm.allreduce(float(b.sum())), ds, gang=g)
+        res["allreduce"] = out.to_numpy().ravel().tolist()
+    with Gang(2, strategy="STRICT_PACK", gang_timeout_s=30) as g:
+        res["strict_pack"] = list(g.node_ids)
+    with Gang(6, strategy="SPREAD", gang_timeout_s=30) as g:
+        res["spread6"] = list(g.node_ids)
+    for name, kw in {"too_many_nodes": dict(size=4, strategy="STRICT_SPREAD"),
+                     "too_many_cpus": dict(size=7, strategy="PACK")}.items():
+        t0 = time.time()
+        try:
+            Gang(gang_timeout_s=3, **kw).start()
+            res[name] = "placed"
+        except GangSchedulingError as exc:
+            res[name] = {"error": str(exc), "after_s": round(time.time() - t0, 2)}
+    # after the failures nothing is left reserved: the whole cluster is free again
+    time.sleep(1)
+    res["free_cpus_after"] = ray.available_resources().get("CPU", 0)
+    # a gang waiting for a node gets it when the node joins
+    box: dict = {}
+
+    def start_big():
+        t0 = time.time()
+        try:
+            with Gang(4, strategy="STRICT_SPREAD", gang_timeout_s=60) as g:
+                box["nodes"] = list(g.node_ids)
+        except Exception as exc:  # noqa: BLE001
+            box["error"] = repr(exc)
+        box["after_s"] = round(time.time() - t0, 2)
+
+    t = threading.Thread(target=start_big)
+    t.start()
+    time.sleep(2)
+    cluster.add_node(num_cpus=2, object_store_memory=100 * 2**20)
+    t.join(90)
+    res["waiting_gang"] = box
+    res["_cluster"] = cluster
+    return res
+
+
+def scenario_node_loss() -> dict:
+    """A worker node dies mid-stream; the job recovers from its checkpoint, exactly once."""
+    import ray
+    from kafka import KafkaConsumer, TopicPartition
+
+    from rayflow.connectors.kafka import create_topic, produce
+
+    cluster, workers = make_cluster(2, [1, 1, 1])
+    broker = rf.EmbeddedBroker().start()
+    bs = broker.bootstrap
+    n = 1500
+    create_topic(bs, "in", 2)
+    create_topic(bs, "out", 1)
+    produce(bs, "in", (b"%d" % i for i in range(n)), 2)
+    flow = rf.Dataflow("nodeloss")
+    (flow.source("source", rf.KafkaSource("in", bootstrap=bs, bounded=True), parallelism=2)
+         .map("id", lambda r: (time.sleep(0.003), r)[1], parallelism=3)
+         .sink("sink", rf.KafkaSink("out", bootstrap=bs)))
+    job = rf.run(flow, background=True, stream={"batch_size": 20},
+                 checkpoint={"interval_s": 0.3, "processing_guarantee": "exactly_once"})
+    deadline = time.time() + 60
+    while time.time() < deadline and not (
+            any(c["status"] == "completed" for c in job.checkpoints())
+            and job.metrics()["sink"]["records_in"] > 150):
+        time.sleep(0.1)
+    keys = sorted(job.hosts)
+    placement = dict(zip(keys, actor_nodes([job.hosts[k] for k in keys])))
+    coord = actor_nodes([job.coordinator])[0]
+    by_id = {w.node_id: w for w in workers}
+    counts = {nid: sum(v == nid for v in placement.values()) for nid in by_id if nid != coord}
+    victim = max(counts, key=counts.get)
+    lost_steps = sorted(f"{s}/{i}" for (s, i), v in placement.items() if v == victim)
+    t_kill = time.time()
+    cluster.remove_node(by_id[victim], allow_graceful=False)
+    job.wait(180)
+    c = KafkaConsumer(bootstrap_servers=bs, enable_auto_commit=False,
+                      isolation_level="read_committed", auto_offset_reset="earliest")
+    c.assign([TopicPartition("out", 0)])
+    got, idle = [], 0
+    while idle < 3:
+        batch = c.poll(300)
+        idle = 0 if batch else idle + 1
+        for recs in batch.values():
+            got += [int(r.value) for r in recs]
+    c.close()
+    after = actor_nodes([h for h in job.hosts.values()]) if job.hosts else []
+    broker.stop()
+    return {"victim": victim, "lost_steps": lost_steps, "recoveries": job.recoveries,
+            "recovered_s": round(job.recoveries[0]["at"] + job.recoveries[0]["restart_s"]
+                                 - t_kill, 2) if job.recoveries else None,
+            "committed": len(got), "distinct": len(set(got)),
+            "missing": len(set(range(n)) - set(got)), "n": n, "state": job.state,
+            "alive_nodes": sum(x["Alive"] for x in ray.nodes()), "after": after,
+            "_cluster": cluster}
+
+
+def main() -> None:
+    name = sys.argv[1]
+    res = globals()[f"scenario_{name}"]()
+    cluster = res.pop("_cluster")
+    print("RESULT " + json.dumps(res, default=str), flush=True)
+    import ray
+
+    ray.shutdown()
+    cluster.shutdown()
+
+
+if __name__ == "__main__":
+    main()

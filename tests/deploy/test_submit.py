@@ -1,0 +1,129 @@
+"""Job submission against a real private head with the dashboard (free ports, own temp dir,
+ended by PID): ``rayflow submit`` and the plain ``ray job submit`` run the jobs unchanged."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from rayflow.cli import main
+from rayflow.deploy.local import head_processes, start_head, stop_head
+from rayflow.deploy.submit import EXCLUDES, build_runtime_env, working_dir_size
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def head():
+    h = start_head(num_cpus=4)
+    yield h
+    stop_head(h)
+    time.sleep(0.5)
+    assert head_processes(h) == [], "the head left processes behind"
+
+
+def _last_json(text: str) -> dict:
+    """The last top-level JSON object a job printed (its summary)."""
+    end = text.rindex("}")
+    start = end
+    while True:
+        start = text.rindex("{", 0, start)
+        try:
+            return json.loads(text[start:end + 1])
+        except ValueError:
+            continue
+
+
+def test_runtime_env_keeps_working_dir_small_and_auth_on(tmp_path):
+    env = build_runtime_env(ROOT, extra_excludes=["*.log"], env_vars={"X": "1"})
+    assert env["working_dir"] == str(ROOT)
+    for pat in (".git", ".venv", "benchmarks/results", "data", "*.png", "*.log"):
+        assert pat in env["excludes"]
+    assert env["env_vars"] == {"RAY_AUTH_MODE": "token", "X": "1"}
+    (tmp_path / ".git").mkdir()
+    (tmp_path / ".git" / "pack").write_bytes(b"x" * 10_000)
+    (tmp_path / "benchmarks" / "results").mkdir(parents=True)
+    (tmp_path / "benchmarks" / "results" / "r.json").write_bytes(b"x" * 10_000)
+    (tmp_path / "plot.png").write_bytes(b"x" * 10_000)
+    (tmp_path / "jobs").mkdir()
+    (tmp_path / "jobs" / "a.py").write_bytes(b"x" * 123)
+    assert working_dir_size(tmp_path, EXCLUDES) == 123
+    assert working_dir_size(ROOT) < 20 * 2**20
+
+
+def test_rayflow_submit_runs_identity_job(head, kafka_broker):
+    tag = uuid.uuid4().hex[:8]
+    res = CliRunner().invoke(main, [
+        "submit", "--address", head.dashboard_url, "--working-dir", str(ROOT), "--json", "--",
+        "python", "jobs/identity.py", "--address", "auto", "--bootstrap", kafka_broker.bootstrap,
+        "--records", "2000", "--input", f"sub-in-{tag}", "--output", f"sub-out-{tag}"])
+    doc = json.loads(res.stdout)
+    assert res.exit_code == 0, doc["logs"][-3000:]
+    assert doc["status"] == "SUCCEEDED" and doc["exit_code"] == 0
+    assert doc["working_dir_bytes"] < 20 * 2**20
+    summary = _last_json(doc["logs"])
+    assert summary["job"] == "identity"
+    assert summary["records"] == 2000 and summary["written"] == 2000
+    print(f"submit: accepted in {doc['submit_s']} s, finished in {doc['total_s']} s")
+
+
+def test_failed_job_returns_its_exit_status_and_sees_a_small_working_dir(head):
+    probe = ("import os, sys; print('LS=' + ','.join(sorted(os.listdir('.')))); "
+             "print('RES=' + str(os.path.exists('benchmarks/results'))); "
+             "print('AUTH=' + os.environ.get('RAY_AUTH_MODE', '')); sys.exit(3)")
+    res = CliRunner().invoke(main, ["submit", "--address", head.dashboard_url, "--working-dir",
+                                    str(ROOT), "--json", "--", "python", "-c", probe])
+    assert res.exit_code == 3
+    doc = json.loads(res.stdout)
+    assert doc["status"] == "FAILED" and doc["exit_code"] == 3
+    listing = next(ln for ln in doc["logs"].splitlines() if ln.startswith("LS="))[3:].split(",")
+    assert "jobs" in listing and "rayflow" in listing
+    assert ".git" not in listing and ".venv" not in listing and "data" not in listing
+    assert "RES=False" in doc["logs"] and "AUTH=token" in doc["logs"]
+
+
+def test_submit_to_nowhere_is_one_line_error():
+    res = CliRunner().invoke(main, ["submit", "--address", "http://127.0.0.1:9", "--",
+                                    "python", "-c", "pass"])
+    assert res.exit_code == 1
+    assert res.output.startswith("error: cannot reach the Ray job API at http://127.0.0.1:9")
+    assert "hint:" in res.output and "Traceback" not in res.output
+
+
+# Every job in jobs/, unchanged, through the plain `ray job submit` CLI (small sizes).
+JOBS = {
+    "identity": ["--records", "1000"],
+    "sleep": ["--records", "400", "--partitions", "2", "--parallelism", "2"],
+    "wordcount": ["--records", "500"],
+    "cannon": ["--n", "256", "--grid", "2", "--check"],
+    "cg": ["--n", "256", "--ranks", "2"],
+    "image_blur": ["--count", "8", "--size", "64", "--no-memory"],
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(JOBS))
+def test_ray_job_submit_runs_every_job(head, kafka_broker, name):
+    args = ["python", f"jobs/{name}.py", "--address", "auto", *JOBS[name]]
+    if name in ("identity", "sleep", "wordcount"):
+        tag = uuid.uuid4().hex[:8]
+        args += ["--bootstrap", kafka_broker.bootstrap, "--input", f"{name}-in-{tag}",
+                 "--output", f"{name}-out-{tag}"]
+    ray_cli = str(Path(sys.executable).with_name("ray"))
+    env = {**os.environ, "RAY_AUTH_MODE": "token"}
+    t0 = time.time()
+    proc = subprocess.run([ray_cli, "job", "submit", "--address", head.dashboard_url,
+                           "--working-dir", str(ROOT), "--", *args],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-3000:]
+    assert "succeeded" in out
+    print(f"ray job submit {name}: {time.time() - t0:.1f} s")

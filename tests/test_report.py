@@ -1,0 +1,256 @@
+"""The benchmark report: sections, ratios, machine lines, plots and missing results (no Ray)."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from rayflow.cli import main
+from rayflow.errors import RayflowError
+from rayflow.report import generate
+
+MACHINE = {"cpu_model": "AMD EPYC", "logical_cores": 2, "physical_cores": 2, "memory_gib": 23.5,
+           "loadavg_1m": 3.5, "python": "3.11.7", "platform": "Linux"}
+DATE = "2026-11-30T15:30:04+00:00"
+
+
+def _doc(name: str, **payload) -> dict:
+    return {"benchmark": name, "date": DATE, "machine": MACHINE, **payload}
+
+
+def _images() -> dict:
+    def run(img_s: float, uss: float) -> dict:
+        return {"images_written": 10, "throughput_img_s": img_s, "ceiling_img_s": 2 * img_s,
+                "vs_loop": None, "step_ms_per_image": {"read": 0.1, "decode": 1.0, "blur": 0.5,
+                                                       "write": 1.0},
+                "memory": {"uss_peak_above_idle_mb": uss, "object_store_peak_mb": 12.0}}
+
+    rows = [{"side": 50, "n": 10, "loop": {"img_s": 3000.0, "ms": {}},
+             "p1": run(2400.0, 100.0), "both": run(4000.0, 110.0)},
+            {"side": 1200, "n": 10, "loop": {"img_s": 17.5, "ms": {}},
+             "p1": run(18.0, 120.0), "both": run(34.0, 130.0)}]
+    return _doc("images", n=10, sizes=[50, 1200], rows=rows,
+                configs={"p1": {"readers": 1, "blur_parallelism": 1, "writers": 1},
+                         "both": {"readers": 2, "blur_parallelism": 2, "writers": 2}},
+                published={"50": [220, 165, 1002, 1186], "1200": [580, 200, 14.4, 5.91]})
+
+
+def _identity(quick: bool = False) -> dict:
+    lat = [{"path": path, "load": load, "rate": 1000, "samples": 100, "p50_ms": p50,
+            "p90_ms": p50, "p99_ms": 2 * p50, "max_ms": 3 * p50, "achieved_rec_s": 990}
+           for path in ("memory", "kafka/confluent") for load, p50 in ((0.5, 5.0), (0.9, 80.0))]
+    return _doc("identity_quick" if quick else "identity", quick=quick,
+                published={"storm_rec_s": 87000, "flink_rec_s": 350000,
+                           "storm_latency_ms": {"p50": 100, "p99": 700},
+                           "flink_latency_ms": {"p50": 50, "p99": 300},
+                           "sleep_rec_s_per_thread": 900},
+                in_memory={"columnar_rec_s": 3_900_004, "per_record_rec_s": 862_369,
+                           "bare_loop_rec_s": 1_669_836, "per_record_vs_loop": 0.516,
+                           "startup_s": 2.74},
+                kafka=[{"client": "confluent", "partitions": 1, "records": 600000,
+                        "ours_rec_s": 194_665, "plain_loop_rec_s": 183_451,
+                        "ratio_vs_loop": 1.061, "written": 600000}],
+                latency=lat,
+                sleep=[{"parallelism": p, "records": 100, "rec_s": 880 * p,
+                        "rec_s_per_instance": 880, "scaling_efficiency": 1.0} for p in (1, 8)])
+
+
+def _cannon() -> dict:
+    rows = [{"n": n, "ranks": 4, "backend": "ray", "cannon_s": 1.0, "cannon_gflops": g,
+             "shuffle_s": 1.5, "shuffle_gflops": g / 1.5, "numpy_1thread_s": 1.0,
+             "numpy_gflops": 50.0, "speedup_vs_shuffle": 1.5, "improvement_vs_shuffle_pct": 33.3,
+             "vs_numpy_time_ratio": 0.8, "rel_error_f64": 1e-15, "max_rank_rss_mib": 350.0,
+             "sum_rank_rss_over_data": 10.0} for n, g in ((1024, 30.0), (2048, 60.0))]
+    return _doc("cannon", rows=rows, gang_starts=[{"gang_start_s": 4.4, "backend": "ray",
+                                                   "ranks": 4}],
+                recovery={"n": 1024, "ranks": 4, "failure_free_s": 8.7,
+                          "with_killed_rank_s": 12.1, "ratio": 1.393, "attempts": 2,
+                          "max_abs_diff": 0.0, "note": "fresh gangs"},
+                blas_kernel=["SkylakeX"], peers={"mpi4py": False, "dask": False},
+                published="Blaze Cannon 57-68% faster than Spark MLlib")
+
+
+def _cg() -> dict:
+    rows = [{"n": n, "ranks": 2, "backend": b, "iterations": 30, "rayflow_ms_per_it": ms,
+             "broadcast_ms_per_it": 12.6, "numpy_ms_per_it": 6.3,
+             "speedup_vs_broadcast": round(12.6 / ms, 3),
+             "improvement_vs_broadcast_pct": round(100 * (12.6 - ms) / 12.6, 1),
+             "vs_numpy_ratio": ms / 6.3, "rel_diff_vs_numpy_x": 3e-16, "max_rank_rss_mib": 400.0,
+             "matrix_mib": 128.0} for n in (4096,) for b, ms in (("ray", 12.0), ("gloo", 10.0))]
+    return _doc("cg", rows=rows, published="Blaze CG 51-94% faster",
+                collective_latency=[{"backend": b, "ranks": 2, "allreduce_scalar_ms": s,
+                                     "allreduce_8MiB_ms": 10 * s}
+                                    for b, s in (("ray", 1.9), ("gloo", 0.7))])
+
+
+def _write(d: Path, docs: list[dict]) -> Path:
+    d.mkdir(parents=True, exist_ok=True)
+    for doc in docs:
+        (d / f"{doc['benchmark']}.json").write_text(json.dumps(doc))
+    return d
+
+
+def _section(md: str, title_start: str) -> str:
+    m = re.search(rf"^## {re.escape(title_start)}.*?(?=^## |\Z)", md, re.S | re.M)
+    assert m, f"no section {title_start!r}"
+    return m.group(0)
+
+
+@pytest.fixture(scope="module")
+def full_report(tmp_path_factory) -> tuple[Path, str]:
+    root = tmp_path_factory.mktemp("repo")
+    results = _write(root / "benchmarks" / "results", [_images(), _identity(), _cannon(), _cg()])
+    out = generate(results, root / "BENCHMARKS.md", results / "plots")
+    return root, out.read_text()
+
+
+def test_sections_ratios_and_machine_lines(full_report):
+    _, md = full_report
+    for w in ("W1", "W2", "W3", "W4", "W5", "W6"):
+        assert f"\n## {w} " in md
+    assert "## Targets at a glance" in md
+    assert "Autoscaling" not in md and "Streams + MPI stages" not in md
+    w1 = _section(md, "W1")
+    assert "p1 / loop" in w1 and "Storm (pub.)" in w1 and "1,002" in w1
+    assert "0.80×" in w1  # 2400 / 3000 at 50 px
+    w2 = _section(md, "W2")
+    assert "rayflow / loop" in w2 and "vs Flink" in w2 and "1.06×" in w2
+    assert "p99 / Flink p99" in w2
+    w5 = _section(md, "W5")
+    assert "Cannon / shuffle" in w5 and "57–68%" in w5 and "1.50×" in w5
+    assert "SkylakeX" in w5 and "1.39×" in w5
+    w6 = _section(md, "W6")
+    assert "rayflow / broadcast" in w6 and "1.26×" in w6  # 12.6 / 10.0 with gloo
+    for w in ("W1", "W2", "W3", "W5", "W6"):
+        sec = _section(md, w)
+        assert "**Machine:** 2 logical cores (2 physical), AMD EPYC" in sec
+        assert "load average 3.5" in sec and "2026-11-30 15:30 UTC" in sec
+        assert "above the core count" in sec  # 3.5 > 2 cores: the run shared the machine
+
+
+def test_targets_are_judged(full_report):
+    _, md = full_report
+    glance = _section(md, "Targets at a glance")
+    assert re.search(r"\| W3 \| ≥ 900 rec/s per instance \| min 880 rec/s \| \*\*missed\*\* \|",
+                     glance)
+    assert re.search(r"\| W2 \| in memory, columnar: ≥ 1,000,000 rec/s \| [^|]+ \| met \|", glance)
+    assert re.search(r"\| W6 \| CG \(gloo\) ≥ 10× faster [^|]+ \| 1.26×–1.26× \(gloo\) \| "
+                     r"\*\*missed\*\* \|", glance)
+    assert re.search(r"\| W1 \| peak memory at 1200 px ≤ 1.5× that at 50 px \| 1.20× [^|]+ \| "
+                     r"met \|", glance)
+    assert "mpi4py and dask not installed" in glance
+    assert "**Targets:** 1 met, 1 missed. Missed: ≥ 900 rec/s per instance." in _section(md, "W3")
+
+
+def test_missing_workload_says_not_yet_measured(full_report):
+    _, md = full_report
+    w4 = _section(md, "W4")
+    assert "Not yet measured: run `rayflow bench wordcount`" in w4
+    assert "not yet measured: `rayflow bench wordcount`" in _section(md, "Targets at a glance")
+
+
+def test_plots_are_written_and_linked(full_report):
+    root, md = full_report
+    links = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", md)
+    assert {Path(p).name for p in links} == {"w1_images.png", "w2_latency.png", "w3_sleep.png",
+                                             "w5_cannon.png", "w6_cg.png"}
+    for link in links:
+        assert not Path(link).is_absolute() and link.startswith("benchmarks/results/plots/")
+        png = root / link
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
+
+
+def test_empty_results_dir_and_existing_w1_plot(tmp_path):
+    results = _write(tmp_path / "results", [])
+    md = generate(results, tmp_path / "B.md", results / "plots").read_text()
+    for bench in ("images", "identity", "wordcount", "cannon", "cg"):
+        assert f"Not yet measured: run `rayflow bench {bench}`" in md
+    assert not (results / "plots").exists()
+
+    doc = {**_images(), "plot": "images.png"}
+    _write(results, [doc])
+    (results / "images.png").write_bytes(b"\x89PNG\r\n\x1a\n")
+    md = generate(results, tmp_path / "B.md", results / "plots").read_text()
+    assert "](results/images.png)" in _section(md, "W1")
+    assert not (results / "plots" / "w1_images.png").exists()
+
+
+def test_quick_only_when_full_missing(tmp_path):
+    results = _write(tmp_path, [_identity(quick=True)])
+    md = generate(results, tmp_path / "B.md", tmp_path / "plots").read_text()
+    assert "Source: `identity_quick.json`" in _section(md, "W2")
+    assert "From a `--quick` run" in _section(md, "W2")
+    _write(results, [_identity()])
+    md = generate(results, tmp_path / "B.md", tmp_path / "plots").read_text()
+    assert "Source: `identity.json`" in _section(md, "W2")
+    assert "--quick" not in _section(md, "W2")
+
+
+def test_odd_files_do_not_stop_the_report(tmp_path):
+    results = _write(tmp_path, [_doc("cg", rows=[{"n": 1}]),
+                                _doc("autoscale", idle_timeout_s=60, scale_down_s=71.5,
+                                     timeline=[{"t_s": 0, "nodes": 1}, {"t_s": 30, "nodes": 3}]),
+                                _doc("tiling", peak_mb=512)])
+    (results / "wordcount.json").write_text("{not json")
+    md = generate(results, tmp_path / "B.md", tmp_path / "plots").read_text()
+    assert "has an unexpected shape" in _section(md, "W6")
+    assert "Could not read `wordcount.json`" in _section(md, "W4")
+    auto = _section(md, "Autoscaling")
+    assert "scale_down_s: 71.5" in auto and "| t_s | nodes |" in auto
+    assert "peak_mb: 512" in _section(md, "Other results")
+
+
+def test_generate_raises_on_missing_dir(tmp_path):
+    with pytest.raises(RayflowError, match="no results directory"):
+        generate(tmp_path / "nope", tmp_path / "B.md", tmp_path / "plots")
+
+
+def test_cli_report(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    r = CliRunner()
+    res = r.invoke(main, ["report"])
+    assert res.exit_code == 1
+    assert "error: no results directory benchmarks/results" in res.output
+    assert "Traceback" not in res.output
+    _write(tmp_path / "benchmarks" / "results", [_identity()])
+    res = r.invoke(main, ["report"])
+    assert res.exit_code == 0, res.output
+    md = (tmp_path / "BENCHMARKS.md").read_text()
+    assert "Source: `benchmarks/results/identity.json`" in md
+    assert (tmp_path / "benchmarks" / "results" / "plots" / "w2_latency.png").exists()
+    res = r.invoke(main, ["report", "--results", "benchmarks/results", "--out", "x/R.md"])
+    assert res.exit_code == 0 and (tmp_path / "x" / "R.md").exists()
+    assert "report" in r.invoke(main, ["--help"]).output
+
+
+def test_wordcount_section(tmp_path):
+    runs = [{"parallelism": p, "guarantee": g, "state_backend": b, "sentences": 1000,
+             "windows": 900, "rec_s": r, "p50_ms": 20.0, "p99_ms": 80.0, "checkpoints": 3,
+             "checkpoint_ms_median": 12.5, "checkpoint_handle_bytes": 2048}
+            for p, g, b, r in ((1, "at_least_once", "memory", 30_000),
+                               (1, "exactly_once", "memory", 28_800),
+                               (1, "at_least_once", "rocksdb", 9_000))]
+    doc = _doc("wordcount", quick=False, sentences=1000, plain_loop_rec_s=40_000, runs=runs,
+               published={"storm_rec_s": 12000, "flink_rec_s": 43000,
+                          "flink_eos_vs_alo_slowdown": 0.063, "storm_amo_vs_alo_speedup": 0.168,
+                          "flink_rocksdb_vs_memory": 0.1},
+               eos_vs_alo=0.96, amo_vs_alo=None, rocksdb_vs_memory=0.3,
+               filesystem_vs_memory=None, recovery={"failure_free_s": 9.0,
+                                                    "back_to_full_rate_s": 4.5})
+    results = _write(tmp_path, [doc])
+    md = generate(results, tmp_path / "B.md", tmp_path / "plots").read_text()
+    w4 = _section(md, "W4")
+    assert "plain single-process Python word count" in w4 and "**40,000 rec/s**" in w4
+    assert "| 1 | exactly_once | memory | 28,800 | 0.72× | 0.67× | 2.40× |" in w4
+    assert "| exactly-once / at-least-once | 0.96× | Flink 0.94× |" in w4
+    glance = _section(md, "Targets at a glance")
+    # 30,000 < min(43,000, 0.8 × 40,000 = 32,000)
+    assert re.search(r"\| W4 \| parallelism 1: [^|]+ \| 30,000 rec/s \(goal 32,000\) \| "
+                     r"\*\*missed\*\* \|", glance)
+    assert re.search(r"\| W4 \| exactly-once within 6.3% [^|]+ \| 0.96× \| met \|", glance)
+    assert re.search(r"\| W4 \| RocksDB within 3× [^|]+ \| 0.30× \| \*\*missed\*\* \|", glance)
+    assert re.search(r"\| W4 \| back to full rate within 10 s [^|]+ \| 4.50 s \| met \|", glance)
