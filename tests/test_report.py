@@ -253,4 +253,4 @@ def test_wordcount_section(tmp_path):
                      r"\*\*missed\*\* \|", glance)
     assert re.search(r"\| W4 \| exactly-once within 6.3% [^|]+ \| 0.96× \| met \|", glance)
     assert re.search(r"\| W4 \| RocksDB within 3× [^|]+ \| 0.30× \| \*\*missed\*\* \|", glance)
-    assert re.search(r"\| W4 \| back to full rate within 10 s [^|]+ \| 4.50 s \| met \|", glance)
+    assert re.search(r"\| W4 \| back to full rate within 10 s [^|]+ \| 4.5 s \| met \|", glance)

@@ -14,8 +14,9 @@ gang from its driver-owned inputs); a dying step is restored from the stream's c
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from rayflow.operators.base import (
     Logic,

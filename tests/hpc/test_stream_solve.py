@@ -9,7 +9,6 @@ import time
 from pathlib import Path
 
 import numpy as np
-import pytest
 
 import rayflow as rf
 from rayflow.testing import wait_for
