@@ -69,6 +69,16 @@ def num_rows(items: Items) -> int:
     return int(n) if n is not None else len(items)
 
 
+def rows(items: Items) -> list:
+    """The records of a batch as a list: list items as they are, numpy rows, and Arrow rows as
+    dicts (column name -> value)."""
+    if isinstance(items, list):
+        return items
+    if isinstance(items, np.ndarray):
+        return list(items)
+    return items.to_pylist()
+
+
 _SAMPLE = 16
 
 
@@ -152,12 +162,13 @@ def partition_indices(
     items: Items, key_fn: Callable[[Any], Any], n: int
 ) -> list[np.ndarray]:
     """Split record positions into ``n`` groups by ``stable_hash(key_fn(record)) % n``."""
-    if isinstance(items, list):
+    if not isinstance(items, np.ndarray):  # per-record keys (Arrow rows are dicts)
+        records = rows(items)
         targets = np.fromiter(
-            (stable_hash(key_fn(x)) % n for x in items), dtype=np.int64, count=len(items)
+            (stable_hash(key_fn(x)) % n for x in records), dtype=np.int64, count=len(records)
         )
     else:
-        keys = key_fn(items)  # columnar key functions take the whole batch
+        keys = key_fn(items)  # numpy: the key function takes the whole batch
         keys = np.asarray(keys)
         if keys.dtype.kind in "iu":
             targets = (keys.astype(np.int64) & 0x7FFFFFFF) % n

@@ -119,12 +119,17 @@ def bench(name: str, quick: bool) -> None:
 @click.option("--quick", is_flag=True, help="Smaller inputs (about 30 s on 2 cores).")
 @click.option("--address", default=None, help="Ray address (a private local Ray if omitted).")
 @click.option("--bootstrap", default=None, help="Kafka bootstrap (embedded broker if omitted).")
+@click.option("--inject-failure", is_flag=True,
+              help="Kill a word-count actor mid-run: watch recovery keep the output exact.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
-def demo(quick: bool, address: str | None, bootstrap: str | None, as_json: bool) -> None:
-    """Run rayflow's capabilities end to end on embedded defaults and print a summary."""
+def demo(quick: bool, address: str | None, bootstrap: str | None, inject_failure: bool,
+         as_json: bool) -> None:
+    """Run rayflow's capabilities end to end on embedded defaults and print a summary:
+    exactly-once word count, image blur, Cannon and CG, and a stream feeding MPI stages."""
     from rayflow.demo import run_demo
 
-    rows = run_demo(quick=quick, address=address, bootstrap=bootstrap)
+    rows = run_demo(quick=quick, address=address, bootstrap=bootstrap,
+                    inject_failure=inject_failure)
     if as_json:
         click.echo(json.dumps(rows, indent=2, default=str))
 
@@ -176,7 +181,7 @@ def cluster_up_local(num_cpus: int, autoscale: str | None, as_json: bool) -> Non
     from rayflow.deploy import local
 
     if local.recorded_head() and local.head_processes(local.recorded_head()):
-        raise RuntimeError("a local head is already up; run `rayflow cluster down-local`")
+        raise RayflowError("a local head is already up; run `rayflow cluster down-local`")
     if autoscale:
         from rayflow.deploy.spec import validate_file
 

@@ -210,7 +210,7 @@ def head_processes(head: LocalHead | dict) -> list[Any]:
         for p in [root, *root.children(recursive=True)]:
             found[p.pid] = p
         found = {k: p for k, p in found.items() if _live([p])}
-    except psutil.NoSuchProcess:
+    except (psutil.NoSuchProcess, ValueError):
         pass
     markers = [h["temp_dir"], h["address"]]
     me = os.getpid()

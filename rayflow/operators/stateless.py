@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from rayflow.batches import Items, num_rows
+from rayflow.batches import Items, num_rows, rows
 from rayflow.operators.base import (
     Logic,
     OperatorSpec,
@@ -23,13 +23,7 @@ from rayflow.operators.base import (
     drop_positions,
 )
 
-
-def _as_list(items: Items) -> list:
-    if isinstance(items, list):
-        return items
-    if isinstance(items, np.ndarray):
-        return list(items)
-    return items.to_pylist()
+_as_list = rows
 
 
 class _ItemLogic(Logic):

@@ -142,7 +142,6 @@ class Job:
             sinks = {h.wait_done.remote(): k for k, h in self.hosts.items()
                      if self.flow.step(k[0]).kind == "sink"}
             pending = list(self._runs) + list(sinks)
-            sinks_done = 0
             failure = None
             while pending and failure is None:
                 if deadline is not None and time.monotonic() > deadline:
@@ -151,14 +150,13 @@ class Job:
                 for ref in ready:
                     try:
                         ray.get(ref)
-                        sinks_done += ref in sinks
                     except Exception as exc:  # noqa: BLE001
                         failure = unwrap(exc)
                         break
                 if failure is None and pending:
                     failure = self._poll_failure()
-            if failure is None or (sinks_done == len(sinks)
-                                   and not isinstance(failure, StepError)):
+            if failure is None or (not isinstance(failure, StepError)
+                                   and self._sinks_finished(sinks.values())):
                 break  # finished (an instance that died after its sinks finished changes nothing)
             if isinstance(failure, StepError) or \
                     len(self.recoveries) >= self.config.checkpoint.max_restarts:
@@ -238,6 +236,15 @@ class Job:
         if self.state in ("RUNNING", "STOPPING"):
             self.cancel()
 
+    def _sinks_finished(self, keys) -> bool:
+        """Whether every sink instance has written its end of stream (asked, not assumed)."""
+        import ray
+
+        try:
+            return all(ray.get([self.hosts[k].wait_done.remote(0) for k in keys], timeout=30))
+        except Exception:  # noqa: BLE001 - a sink is gone: not finished
+            return False
+
     def _poll_failure(self) -> BaseException | None:
         """The first error any instance reports, or the error of a dead instance."""
         import ray
@@ -273,9 +280,13 @@ class Job:
         if self.coordinator is not None:
             self._latest = ray.get(self.coordinator.latest.remote())
             self._checkpoints = ray.get(self.coordinator.checkpoints.remote())
-        keys = list(self.hosts)
-        finals = ray.get([self.hosts[k].final.remote() for k in keys], timeout=60)
-        self._finals = dict(zip(keys, finals))
+        refs = {k: h.final.remote() for k, h in self.hosts.items()}
+        self._finals = {}
+        for k, ref in refs.items():
+            try:
+                self._finals[k] = ray.get(ref, timeout=60)
+            except Exception:  # noqa: BLE001 - an instance that died after finishing
+                continue
 
     def _teardown(self, keep_coordinator: bool = False) -> None:
         import ray

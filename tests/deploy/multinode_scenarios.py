@@ -1,6 +1,6 @@
 """Multi-node scenarios on ``ray.cluster_utils.Cluster``, one per process.
 
-    python tests/deploy/multinode_scenarios.py spread|gangs|node_loss
+    python tests/deploy/multinode_scenarios.py gangs|gang_growth|node_loss
 
 Each scenario builds its own simulated cluster (private GCS port and temp dir; no dashboard),
 runs, prints one JSON line ``RESULT {...}`` and exits; tests/deploy/test_multinode.py asserts
@@ -39,6 +39,7 @@ def make_cluster(head_cpus: float, workers: list[float]):
         "num_cpus": head_cpus, "gcs_server_port": _free_port(), "temp_dir": tmp,
         "include_dashboard": False, "object_store_memory": 100 * 2**20,
         "_system_config": SYSTEM_CONFIG})
+    cluster.rf_temp_dir = tmp
     nodes = [cluster.add_node(num_cpus=c, object_store_memory=100 * 2**20) for c in workers]
     cluster.wait_for_nodes()
     ray.init(address=cluster.address)
@@ -51,26 +52,6 @@ def actor_nodes(handles) -> list[str]:
 
     table = ray._private.state.actors()
     return [table[h._actor_id.hex()]["Address"]["NodeID"] for h in handles]
-
-
-def scenario_spread() -> dict:
-    """Step actors (0 CPUs, SPREAD) of one flow land on every node."""
-    import ray
-
-    cluster, _ = make_cluster(1, [1, 1])
-    n = 3000
-    flow = rf.Dataflow("spread")
-    (flow.source("src", rf.MemorySource(list(range(n))))
-         .map("slow", lambda x: (time.sleep(0.0005), x)[1], parallelism=3)
-         .map("double", lambda x: 2 * x, parallelism=2)
-         .sink("out", rf.CollectSink()))
-    job = rf.run(flow, background=True, stream={"batch_size": 100})
-    keys = sorted(job.hosts)
-    nodes = dict(zip([f"{s}/{i}" for s, i in keys], actor_nodes([job.hosts[k] for k in keys])))
-    job.wait(120)
-    out = sorted(job.collect("out"))
-    return {"nodes": [x["NodeID"] for x in ray.nodes() if x["Alive"]], "placement": nodes,
-            "correct": out == [2 * i for i in range(n)], "_cluster": cluster}
 
 
 def scenario_gangs() -> dict:
@@ -165,6 +146,7 @@ def scenario_node_loss() -> dict:
         time.sleep(0.1)
     keys = sorted(job.hosts)
     placement = dict(zip(keys, actor_nodes([job.hosts[k] for k in keys])))
+    nodes = [x["NodeID"] for x in ray.nodes() if x["Alive"]]
     coord = actor_nodes([job.coordinator])[0]
     by_id = {w.node_id: w for w in workers}
     counts = {nid: sum(v == nid for v in placement.values()) for nid in by_id if nid != coord}
@@ -185,7 +167,8 @@ def scenario_node_loss() -> dict:
     c.close()
     after = actor_nodes([h for h in job.hosts.values()]) if job.hosts else []
     broker.stop()
-    return {"victim": victim, "lost_steps": lost_steps, "recoveries": job.recoveries,
+    return {"nodes": nodes, "placement": {f"{s}/{i}": v for (s, i), v in placement.items()},
+            "victim": victim, "lost_steps": lost_steps, "recoveries": job.recoveries,
             "recovered_s": round(job.recoveries[0]["at"] + job.recoveries[0]["restart_s"]
                                  - t_kill, 2) if job.recoveries else None,
             "committed": len(got), "distinct": len(set(got)),
@@ -203,6 +186,9 @@ def main() -> None:
 
     ray.shutdown()
     cluster.shutdown()
+    import shutil
+
+    shutil.rmtree(cluster.rf_temp_dir, ignore_errors=True)
 
 
 if __name__ == "__main__":

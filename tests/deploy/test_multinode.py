@@ -24,12 +24,26 @@ def run_scenario(name: str, timeout_s: float = 240) -> dict:
     return json.loads(lines[-1][len("RESULT "):])
 
 
-def test_stream_operators_spread_across_nodes():
-    res = run_scenario("spread")
-    assert len(res["nodes"]) == 3
-    used = set(res["placement"].values())
-    assert used == set(res["nodes"]), res["placement"]  # 0-CPU step actors on every node
-    assert res["correct"]
+@pytest.fixture(scope="module")
+def node_loss():
+    """One streaming run on head + 3 workers: placement, then a worker removed mid-stream."""
+    return run_scenario("node_loss", timeout_s=300)
+
+
+def test_stream_operators_spread_across_nodes(node_loss):
+    assert len(node_loss["nodes"]) == 4
+    used = set(node_loss["placement"].values())
+    # 8 step actors of 0 CPUs with SPREAD: at least 3 of the 4 nodes hold some
+    assert len(used) >= 3 and used <= set(node_loss["nodes"]), node_loss["placement"]
+
+
+def test_node_loss_mid_stream_recovers_exactly_once(node_loss):
+    res = node_loss
+    assert res["lost_steps"], "the removed node hosted no step"
+    assert len(res["recoveries"]) >= 1 and res["recoveries"][0]["restored_checkpoint"]
+    assert res["state"] == "FINISHED" and res["alive_nodes"] == 3
+    # exactly once on read_committed output: every id, none twice
+    assert res["committed"] == res["distinct"] == res["n"] and res["missing"] == 0
 
 
 def test_gangs_honour_strategy_and_a_gang_that_cannot_fit_fails():
@@ -53,13 +67,3 @@ def test_spread_gang_uses_every_node_and_a_waiting_gang_takes_a_new_node():
     gang = res["waiting_gang"]
     assert "error" not in gang, gang
     assert len(set(gang["nodes"])) == 4 and set(res["nodes"]) < set(gang["nodes"])
-
-
-@pytest.mark.slow
-def test_node_loss_mid_stream_recovers_exactly_once():
-    res = run_scenario("node_loss", timeout_s=300)
-    assert res["lost_steps"], "the removed node hosted no step"
-    assert len(res["recoveries"]) >= 1 and res["recoveries"][0]["restored_checkpoint"]
-    assert res["state"] == "FINISHED" and res["alive_nodes"] == 3
-    # exactly once on read_committed output: every id, none twice
-    assert res["committed"] == res["distinct"] == res["n"] and res["missing"] == 0

@@ -10,24 +10,45 @@ import sys
 import time
 import uuid
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from click.testing import CliRunner
 
 from rayflow.cli import main
-from rayflow.deploy.local import head_processes, start_head, stop_head
+from rayflow.deploy.local import head_processes
 from rayflow.deploy.submit import EXCLUDES, build_runtime_env, working_dir_size
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
-def head():
-    h = start_head(num_cpus=4)
-    yield h
-    stop_head(h)
+def head(tmp_path_factory):
+    """A head from `rayflow cluster up-local`, ended by `down-local` (both by PID)."""
+    from rayflow.deploy import local
+
+    state = tmp_path_factory.mktemp("state")
+    mp = pytest.MonkeyPatch()
+    mp.setattr(local, "STATE_DIR", state)
+    mp.setattr(local, "STATE_FILE", state / "head.json")
+    r = CliRunner()
+    # 6 CPUs: a 4-rank gang leaves room for the tasks that build its input blocks
+    up = r.invoke(main, ["cluster", "up-local", "--num-cpus", "6", "--json"])
+    assert up.exit_code == 0, up.output
+    info = json.loads(up.stdout)
+    h = SimpleNamespace(pid=info["pid"], address=info["address"],
+                        dashboard_url=info["dashboard"], temp_dir=info["temp_dir"])
+    try:
+        again = r.invoke(main, ["cluster", "up-local"])
+        assert again.exit_code == 1 and "already up" in again.output
+        yield h
+    finally:
+        down = r.invoke(main, ["cluster", "down-local", "--json"])
+        mp.undo()
+    assert down.exit_code == 0 and json.loads(down.stdout)["stopped_processes"] > 3
     time.sleep(0.5)
-    assert head_processes(h) == [], "the head left processes behind"
+    assert head_processes(vars(h)) == [], "the head left processes behind"
+    assert not Path(h.temp_dir).exists()
 
 
 def _last_json(text: str) -> dict:
