@@ -45,13 +45,20 @@ class Job:
     # -- lifecycle -----------------------------------------------------------------------
     def start(self, resume_from: Any = None) -> Job:
         """Start every instance (from a completed checkpoint when ``resume_from`` is given)."""
-        ensure_ray(self.config.ray.address, self.config.ray.num_cpus,
-                   include_dashboard=self.config.ray.include_dashboard)
+        ray = ensure_ray(self.config.ray.address, self.config.ray.num_cpus,
+                         include_dashboard=self.config.ray.include_dashboard)
         from rayflow.runtime.coordinator import CoordinatorActor
 
         self.started_at = time.time()
         chk = self.config.checkpoint
-        self.coordinator = CoordinatorActor.remote(chk.interval_s, chk.timeout_s)
+        # the coordinator lives beside the driver (soft affinity): it must outlive the loss
+        # of any worker node, since recovery starts by asking it for the last checkpoint
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        here = ray.get_runtime_context().get_node_id()
+        self.coordinator = CoordinatorActor.options(
+            scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=True),
+        ).remote(chk.interval_s, chk.timeout_s)
         latest = resume_from
         self._spawn(latest, latest.checkpoint_id + 1 if latest else 1, {})
         self.ready_at = time.time()
@@ -107,7 +114,11 @@ class Job:
 
         t0 = time.time()
         restore = ray.get(self.coordinator.detach.remote())
+        old = list(self.hosts.values())
         self._teardown(keep_coordinator=True)
+        # every old instance must be gone before the new ones start: an old sink that is
+        # still alive could commit an epoch the new sink commits too
+        _wait_dead(old, timeout_s=30.0)
         latest = restore["latest"]
         positions = restore["positions"] if self.config.checkpoint.processing_guarantee == \
             "at_most_once" else {}
@@ -346,6 +357,21 @@ class Job:
         first = min((m[s]["first_in_time"] or float("inf")) for s in chosen)
         last = max(m[s]["last_out_time"] for s in chosen)
         return n / (last - first) if last > first else 0.0
+
+
+def _wait_dead(handles: list[Any], timeout_s: float) -> None:
+    import ray
+
+    deadline = time.monotonic() + timeout_s
+    for h in handles:
+        while time.monotonic() < deadline:
+            try:
+                ray.get(h.status.remote(), timeout=max(0.1, deadline - time.monotonic()))
+            except ray.exceptions.RayActorError:
+                break
+            except Exception:  # noqa: BLE001 - timeout or other: try again until the deadline
+                pass
+            time.sleep(0.05)
 
 
 def run(flow: Dataflow, *, config: RayflowConfig | None = None, background: bool = False,

@@ -1,0 +1,17 @@
+"""The docs' runnable examples run (so they cannot rot)."""
+
+import re
+from pathlib import Path
+
+DOCS = Path(__file__).resolve().parents[1] / "docs"
+
+
+def test_writing_an_operator_example_runs(ray_session):
+    code = re.search(r"```python\n(.*?)```", (DOCS / "operators.md").read_text(), re.S).group(1)
+    exec(compile(code, "docs/operators.md", "exec"), {})  # its asserts check the output
+
+
+def test_readme_stream_example_runs(ray_session):
+    readme = (DOCS.parent / "README.md").read_text()
+    code = re.search(r"## A stream in ten lines\n\n```python\n(.*?)```", readme, re.S).group(1)
+    exec(compile(code, "README.md", "exec"), {})
