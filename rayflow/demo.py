@@ -55,26 +55,11 @@ class _Steps:
         self.console.log(f"{title}: done in {time.time() - t0:.1f} s")
 
 
-def _read_committed(bootstrap: str, topic: str) -> list[bytes]:
-    from kafka import KafkaConsumer, TopicPartition
-
-    c = KafkaConsumer(bootstrap_servers=bootstrap, isolation_level="read_committed",
-                      auto_offset_reset="earliest", enable_auto_commit=False)
-    c.assign([TopicPartition(topic, 0)])
-    out, idle = [], 0
-    while idle < 3:
-        got = c.poll(300)
-        idle = 0 if got else idle + 1
-        out += [r.value for rs in got.values() for r in rs]
-    c.close()
-    return out
-
-
 def wordcount(bootstrap: str, n: int, inject_failure: bool) -> dict[str, Any]:
     import ray
     from wordcount import build_flow, sentences
 
-    from rayflow.connectors.kafka import create_topic, produce
+    from rayflow.connectors.kafka import create_topic, produce, read_values
     from rayflow.testing import wait_for
 
     t_in, t_out = f"demo-wc-in-{time.time_ns()}", f"demo-wc-out-{time.time_ns()}"
@@ -89,7 +74,7 @@ def wordcount(bootstrap: str, n: int, inject_failure: bool) -> dict[str, Any]:
         wait_for(lambda: any(c["status"] == "completed" for c in job.checkpoints()), 60)
         ray.kill(job.hosts[("count", 0)], no_restart=True)
     job.wait(300)
-    got = [json.loads(v) for v in _read_committed(bootstrap, t_out)]
+    got = [json.loads(v) for v in read_values(bootstrap, t_out)]
     words = Counter(w for s in data for w in json.loads(s)["sentence"].split())
     expected = sum(-(-c // 10) for c in words.values())  # full windows + one partial per word
     ok = len(got) == expected and sum(r["count"] for r in got) == sum(words.values())

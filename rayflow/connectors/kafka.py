@@ -614,19 +614,26 @@ def produce(bootstrap: str, topic: str, values, partitions: int = 1,
     return n
 
 
-def count_records(bootstrap: str, topic: str, isolation: str = "read_uncommitted") -> int:
-    """Records in ``topic`` now (read to the end; for checks, not for big topics)."""
+def read_values(bootstrap: str, topic: str, isolation: str = "read_committed") -> list[bytes]:
+    """Every value in ``topic`` now, partition by partition (for checks and demos, not for
+    big topics). ``read_committed`` sees only committed transactions."""
     from kafka import KafkaConsumer, TopicPartition
 
     c = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False,
                       isolation_level=isolation, auto_offset_reset="earliest")
-    parts = c.partitions_for_topic(topic) or set()
+    parts = sorted(c.partitions_for_topic(topic) or ())
     c.assign([TopicPartition(topic, p) for p in parts])
-    n, idle = 0, 0
+    out: list[bytes] = []
+    idle = 0
     while idle < 3:
         got = c.poll(300)
-        k = sum(len(r) for r in got.values())
-        n += k
-        idle = 0 if k else idle + 1
+        idle = 0 if got else idle + 1
+        for recs in got.values():
+            out.extend(r.value for r in recs)
     c.close()
-    return n
+    return out
+
+
+def count_records(bootstrap: str, topic: str, isolation: str = "read_uncommitted") -> int:
+    """Records in ``topic`` now (read to the end; for checks, not for big topics)."""
+    return len(read_values(bootstrap, topic, isolation))

@@ -228,8 +228,8 @@ def rayflow_rules(config: dict[str, Any], rank_num_cpus: float = 1.0
         errors.append(Finding("available_node_types", "the local provider takes "
                               "provider.head_ip and provider.worker_ips, not node types"))
 
+    setup = _setup_text(config)
     if ptype not in ("fake_multinode", "fake_multinode_docker", "kuberay", "spark"):
-        setup = " ".join(str(c) for k in _SETUP_KEYS for c in (config.get(k) or []))
         if "rayflow" not in setup:
             errors.append(Finding("setup_commands", "no setup command installs rayflow: jobs "
                                   "import it on every node (e.g. pip install rayflow==X)"))
@@ -238,14 +238,13 @@ def rayflow_rules(config: dict[str, Any], rank_num_cpus: float = 1.0
                                     "and your laptop should run the same Ray version"))
     starts = " ".join(str(c) for k in ("head_start_ray_commands", "worker_start_ray_commands")
                       for c in (config.get(k) or []))
-    if re.search(r"RAY_AUTH_MODE=(?!token)", starts) or "RAY_AUTH_MODE=disabled" in setup_text(
-            config):
+    if re.search(r"RAY_AUTH_MODE=(?!token)", starts + " " + setup):
         errors.append(Finding("head_start_ray_commands", "token authentication is turned "
                               "off; rayflow keeps RAY_AUTH_MODE=token (see docs/cluster.md)"))
     return errors, warnings
 
 
-def setup_text(config: dict[str, Any]) -> str:
+def _setup_text(config: dict[str, Any]) -> str:
     return " ".join(str(c) for k in _SETUP_KEYS for c in (config.get(k) or []))
 
 

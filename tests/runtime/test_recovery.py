@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 import rayflow as rf
-from rayflow.connectors.kafka import create_topic, produce
+from rayflow.connectors.kafka import create_topic, produce, read_values
 from rayflow.operators.windows import CountWindow, MinMax, Windowed
 from rayflow.testing import CrashBeforeCommit, CrashDuringCheckpoint, wait_for
 
@@ -48,19 +48,7 @@ def _wordcount(topic_in, topic_out, bs, name, window_spec=None, sink_spec=None):
 
 
 def _committed(bs, topic):
-    from kafka import KafkaConsumer, TopicPartition
-
-    c = KafkaConsumer(bootstrap_servers=bs, enable_auto_commit=False,
-                      isolation_level="read_committed", auto_offset_reset="earliest")
-    c.assign([TopicPartition(topic, 0)])
-    out, idle = [], 0
-    while idle < 3:
-        got = c.poll(300)
-        idle = 0 if got else idle + 1
-        for recs in got.values():
-            out += [r.value for r in recs]
-    c.close()
-    return out
+    return read_values(bs, topic, "read_committed")
 
 
 @pytest.fixture(scope="module")
