@@ -44,7 +44,7 @@ import numpy as np
 from rayflow.batches import brief
 from rayflow.connectors.base import SinkSpec, SinkWriter, SourceReader, SourceSpec
 from rayflow.operators.base import DeadLetter, Logic, OperatorSpec, Output, StepContext
-from rayflow.operators.image import Halo, Tile, cut_tile, place_tile, tile_regions
+from rayflow.operators.image import CvLogic, Halo, Tile, cut_tile, place_tile, tile_regions
 
 MiB = 1 << 20
 
@@ -364,16 +364,7 @@ class DecodeImage(OperatorSpec):
         return _DecodeLogic(ctx, self)
 
 
-class _DecodeLogic(Logic):
-    def __init__(self, ctx: StepContext, spec: DecodeImage):
-        super().__init__(ctx)
-        self.spec = spec
-
-    def open(self) -> None:
-        if self.spec.threads is not None:
-            import cv2
-
-            cv2.setNumThreads(self.spec.threads)
+class _DecodeLogic(CvLogic):
 
     def process(self, items, event_times):
         spec, out, keep, dead = self.spec, [], [], []

@@ -262,8 +262,11 @@ class _Filter(OperatorSpec):
         return _FilterLogic(ctx, self)
 
 
-class _FilterLogic(Logic):
-    def __init__(self, ctx: StepContext, spec: _Filter):
+class CvLogic(Logic):
+    """Logic of an OpenCV step: holds its spec and pins OpenCV's threads (``spec.threads``)
+    when the instance opens, so parallel instances do not oversubscribe the cores."""
+
+    def __init__(self, ctx: StepContext, spec: Any):
         super().__init__(ctx)
         self.spec = spec
 
@@ -272,6 +275,9 @@ class _FilterLogic(Logic):
             import cv2
 
             cv2.setNumThreads(self.spec.threads)
+
+
+class _FilterLogic(CvLogic):
 
     def process(self, items, event_times):
         spec, out, dead, keep = self.spec, [], [], []
