@@ -15,3 +15,9 @@ def test_readme_stream_example_runs(ray_session):
     readme = (DOCS.parent / "README.md").read_text()
     code = re.search(r"## A stream in ten lines\n\n```python\n(.*?)```", readme, re.S).group(1)
     exec(compile(code, "README.md", "exec"), {})
+
+
+def test_readme_mpi_stage_example_runs(ray_session):
+    readme = (DOCS.parent / "README.md").read_text()
+    code = re.search(r"## An MPI stage in ten lines\n\n```python\n(.*?)```", readme, re.S).group(1)
+    exec(compile(code, "README.md", "exec"), {})
