@@ -602,7 +602,7 @@ class KafkaImageSource(SourceSpec):
 
         inner = KafkaSource(self.topic, bootstrap=self.bootstrap, start=self.start,
                             group_id=self.group_id, bounded=self.bounded, client=self.client,
-                            options=self.options).build(ctx, resume_state)
+                            options=self.options, with_metadata=True).build(ctx, resume_state)
         return _KafkaImageReader(self, inner)
 
 
@@ -623,21 +623,13 @@ class _KafkaImageReader(SourceReader):
         self.pending_bytes = 0
         self.flushed = False
 
-    def _positions(self, n: int) -> list[tuple[int, int]]:
-        # KafkaSource's reader keeps the (partition, offset) of its last poll; a bounded read
-        # drops records past the end offsets, which we drop the same way.
-        pos = list(getattr(self.inner.c, "last_positions", []) or [])
-        if len(pos) != n and getattr(self.inner, "end", None):
-            pos = [(p, o) for p, o in pos if o < self.inner.end[p]]
-        return pos if len(pos) == n else [(-1, -1)] * n
-
     def poll(self, max_records, timeout_s):
         got = self.inner.poll(max_records, timeout_s)
         out, times = [], []
         if got is not None:
-            values, stamps = got
-            stamps = np.zeros(len(values)) if stamps is None else stamps
-            for (p, off), v, t in zip(self._positions(len(values)), values, stamps):
+            messages, stamps = got
+            stamps = np.zeros(len(messages)) if stamps is None else stamps
+            for (p, off, v), t in zip(messages, stamps):
                 where = f"{self.spec.topic}/{p}@{off}"
                 for rec in self._take(v, where, float(t)):
                     out.append(rec[:2])

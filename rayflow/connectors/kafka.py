@@ -17,7 +17,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import numpy as np
 
@@ -42,6 +42,14 @@ def default_bootstrap() -> str:
     return bootstrap
 
 
+class KafkaMessage(NamedTuple):
+    """A record with its position (``KafkaSource(with_metadata=True)``)."""
+
+    partition: int
+    offset: int
+    value: Any
+
+
 @dataclass(frozen=True)
 class KafkaSource(SourceSpec):
     """Read a topic.
@@ -57,6 +65,9 @@ class KafkaSource(SourceSpec):
         deserializer: bytes -> record; the raw ``bytes`` value when None.
         client: ``kafka-python`` or ``confluent``.
         options: extra client options (security settings and tuning), passed through.
+        commit_interval_s: how often a group's offsets are committed.
+        with_metadata: records are :class:`KafkaMessage` (partition, offset, value) instead
+            of bare values, e.g. to name a bad record's position in a dead letter.
     """
 
     topic: str
@@ -68,6 +79,7 @@ class KafkaSource(SourceSpec):
     client: Client = "kafka-python"
     options: dict = field(default_factory=dict)
     commit_interval_s: float = 5.0
+    with_metadata: bool = False
 
     def build(self, ctx: StepContext, resume_state: Any = None) -> SourceReader:
         bootstrap = self.bootstrap or default_bootstrap()
@@ -145,20 +157,22 @@ class _KafkaReader(SourceReader):
             self.commit()
         if not values:
             return None
-        if self.end is not None:
-            values, stamps = self._clip(values, stamps, last)
+        positions = self.c.positions() if self.spec.with_metadata else None
+        if self.end is not None and any(off >= self.end[p] for p, off in last.items()):
+            # a bounded read stops at the end offsets seen at start-up: later records are not
+            # ours
+            positions = positions or self.c.positions()
+            keep = [i for i, (p, off) in enumerate(positions) if off < self.end[p]]
+            values = [values[i] for i in keep]
+            stamps = [stamps[i] for i in keep]
+            positions = [positions[i] for i in keep]
+            for p in last:
+                self.next[p] = min(self.next[p], self.end[p])
         des = self.spec.deserializer
         items = values if des is None else [des(v) for v in values]
+        if self.spec.with_metadata:
+            items = [KafkaMessage(p, o, v) for (p, o), v in zip(positions, items)]
         return items, np.asarray(stamps, dtype=np.float64) / 1000.0
-
-    def _clip(self, values, stamps, last):
-        # a bounded read stops at the end offsets seen at start-up; later records are not ours
-        if all(off < self.end[p] for p, off in last.items()):
-            return values, stamps
-        keep = [i for i, (p, off) in enumerate(self.c.last_positions) if off < self.end[p]]
-        for p in last:
-            self.next[p] = min(self.next[p], self.end[p])
-        return [values[i] for i in keep], [stamps[i] for i in keep]
 
     @property
     def exhausted(self) -> bool:
@@ -200,7 +214,7 @@ class _KPConsumer:
         )
         opts.update(options)
         self.consumer = KafkaConsumer(**opts)
-        self.last_positions: list[tuple[int, int]] = []
+        self._got: dict = {}
 
     def partitions(self, topic):
         return self.consumer.partitions_for_topic(topic) or set()
@@ -231,14 +245,17 @@ class _KPConsumer:
         values: list = []
         stamps: list = []
         last: dict[int, int] = {}
-        positions: list = []
         for tp, recs in got.items():
             values.extend([r.value for r in recs])
             stamps.extend([r.timestamp for r in recs])
             last[tp.partition] = recs[-1].offset
-            positions.extend([(tp.partition, r.offset) for r in recs])
-        self.last_positions = positions
+        self._got = got
         return values, stamps, last
+
+    def positions(self) -> list[tuple[int, int]]:
+        """(partition, offset) of each record of the last poll, in order (built on demand:
+        most polls never need them)."""
+        return [(tp.partition, r.offset) for tp, recs in self._got.items() for r in recs]
 
     def commit(self, topic, offsets):
         from kafka import TopicPartition
@@ -265,7 +282,7 @@ class _ConfluentConsumer:
         }
         conf.update(options)
         self.consumer = Consumer(conf)
-        self.last_positions: list[tuple[int, int]] = []
+        self._msgs: list = []
 
     def partitions(self, topic):
         md = self.consumer.list_topics(topic, timeout=10)
@@ -294,16 +311,18 @@ class _ConfluentConsumer:
 
     def poll(self, max_records, timeout_s):
         msgs = self.consumer.consume(num_messages=max_records, timeout=timeout_s)
-        values, stamps, last, positions = [], [], {}, []
+        values, stamps, last = [], [], {}
         for m in msgs:
             if m.error():
                 raise RuntimeError(f"Kafka consume error: {m.error()}")
             values.append(m.value())
             stamps.append(m.timestamp()[1])
             last[m.partition()] = m.offset()
-            positions.append((m.partition(), m.offset()))
-        self.last_positions = positions
+        self._msgs = msgs
         return values, stamps, last
+
+    def positions(self) -> list[tuple[int, int]]:
+        return [(m.partition(), m.offset()) for m in self._msgs]
 
     def commit(self, topic, offsets):
         from confluent_kafka import TopicPartition

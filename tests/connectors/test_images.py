@@ -27,6 +27,7 @@ from rayflow.connectors.images import (
     synthetic_image,
     write_image_set,
 )
+from rayflow.connectors.kafka import KafkaMessage
 from rayflow.operators.base import StepContext
 
 CTX = StepContext("s", 0, 1)
@@ -145,18 +146,16 @@ def test_sinks_encode_write_and_dead_letter_what_cannot_be_encoded(tmp_path):
 
 
 class _FakeKafka:
-    """Stands in for KafkaSource's reader: yields messages in given polls."""
+    """Stands in for KafkaSource(with_metadata=True)'s reader: yields messages in given polls."""
 
     def __init__(self, polls):
-        self.polls, self.end, self.c = list(polls), None, type("C", (), {})()
-        self.c.last_positions = []
+        self.polls = list(polls)
 
     def poll(self, max_records, timeout_s):
         if not self.polls:
             return None
         msgs = self.polls.pop(0)
-        self.c.last_positions = [(0, off) for off, _ in msgs]
-        return [v for _, v in msgs], np.full(len(msgs), 1000.0)
+        return [KafkaMessage(0, off, v) for off, v in msgs], np.full(len(msgs), 1000.0)
 
     @property
     def exhausted(self):
