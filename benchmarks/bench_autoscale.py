@@ -161,7 +161,12 @@ def per_second(records, t0: float) -> list[dict]:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="shorter phases")
+    ap.add_argument("--plot-only", action="store_true", help="redraw the PNG from the JSON")
     args = ap.parse_args()
+    if args.plot_only:
+        plot(json.loads((RESULTS_DIR / "autoscale.json").read_text()),
+             RESULTS_DIR / "autoscale.png")
+        return
     scale = 0.5 if args.quick else 1.0
     profile = [(15 * scale, 300), (40 * scale, 2400), (45 * scale, 300)]
 
@@ -347,16 +352,16 @@ def plot(result: dict, path: Path) -> None:
     axes[2].set_ylabel("latency ms")
     axes[2].set_xlabel("seconds")
     axes[2].legend()
+    marks = [(r["t"], f"rescale to {r['to']}") for r in result["rescales"]]
+    marks += [(e["t"], e["event"].replace("_", " ")) for e in result["events"]
+              if e["event"] in ("stream_started", "load_end", "gang_requested", "gang_done")]
     for ax in axes:
-        for e in result["events"]:
-            if e["event"] in ("rescaled", "load_end", "gang_requested", "gang_done",
-                              "stream_started", "stream_stopped"):
-                ax.axvline(e["t"], color="grey", lw=0.6, ls="--")
+        for t, _ in marks:
+            ax.axvline(t, color="grey", lw=0.6, ls="--")
+    for t, label in marks:
+        axes[0].annotate(label, (t, 0.03), xycoords=axes[0].get_xaxis_transform(),
+                         rotation=90, fontsize=7, va="bottom", ha="right")
     axes[0].set_title("rayflow on the fake multi-node autoscaler (cluster/local-autoscale.yaml)")
-    for e in result["events"]:
-        if e["event"] in ("rescaled", "gang_requested", "load_end", "stream_stopped"):
-            label = e["event"] + (f" p={e['parallelism']}" if "parallelism" in e else "")
-            axes[0].annotate(label, (e["t"], 0.5), rotation=90, fontsize=7, va="bottom")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 

@@ -58,7 +58,7 @@ def run_once(bs: str, topic: str, n: int, parallelism: int, guarantee: str, back
     create_topic(bs, out, 1)
     flow = build_flow(topic, out, bs, parallelism, name=f"wc-{time.time_ns()}")
     job = rf.run(flow, checkpoint={"processing_guarantee": guarantee, "state_backend": backend,
-                                   "state_dir": state_dir, "interval_s": 1.0})
+                                   "state_dir": state_dir, "interval_s": 0.5})
     m = job.metrics()
     span = m["sink"]["last_out_time"] - (m["sink"]["first_in_time"] or 0)
     chks = [c for c in job.checkpoints() if c["status"] == "completed"]

@@ -62,6 +62,11 @@ class StreamOptions(BaseModel):
         "count be scheduled (operators are mostly waiting on I/O or each other)",
     )
     latency_sample_every: int = Field(16, gt=0, description="keep 1 latency sample in N")
+    scheduling_strategy: Literal["SPREAD", "DEFAULT"] = Field(
+        "SPREAD",
+        description="SPREAD puts step actors on many nodes; DEFAULT packs them (lets an "
+        "autoscaled cluster shrink after a job scales down)",
+    )
 
 
 class CheckpointOptions(BaseModel):

@@ -129,6 +129,9 @@ def mpimap(
     try:
         while True:
             if not g.started:
+                # inputs first: block-building tasks need CPUs that a placed gang would hold
+                ray.wait([r for ds in datasets for r in ds.refs],
+                         num_returns=sum(len(ds.refs) for ds in datasets), fetch_local=False)
                 g.start()
                 info.gang_starts += 1
             stage_id = uuid.uuid4().hex[:12]

@@ -88,8 +88,12 @@ class Job:
                                   n_old)
             if step.kind == "source" and key in positions:
                 resume = positions[key]  # at-most-once: never replay what already left
+            # per-step overrides (e.g. .map(..., actor_num_cpus=1) for a heavy step, so the
+            # autoscaler sees its demand) win over the job's stream options
             self.hosts[key] = StepHost.options(
-                num_cpus=opts.actor_num_cpus, scheduling_strategy="SPREAD",
+                num_cpus=step.options.get("actor_num_cpus", opts.actor_num_cpus),
+                scheduling_strategy=step.options.get("scheduling_strategy",
+                                                     opts.scheduling_strategy),
             ).remote(step, ctx, opts, self.flow.dead_letter_sink, resume, self.coordinator,
                      chk.tick_s)
         handles: dict[str, list[Any]] = defaultdict(list)
