@@ -437,20 +437,25 @@ class _TransactionalWriter(_KafkaWriter):
 
     def __init__(self, spec, ctx, producer, bootstrap: str, resume_state: Any):
         super().__init__(spec, ctx, producer)
-        self.marker = f"{ctx.job_name}/{ctx.step_id}/{ctx.instance}".encode()
+        if isinstance(resume_state, Rescaled):
+            # a rescale resumes from a savepoint: the old instances committed everything at
+            # their end of stream, so there is nothing of theirs to commit
+            resume_state = None
+        # The marker key names this sink instance *and the run*: a restored instance keeps the
+        # run of its checkpoint (its epochs continue), a fresh job starts a new sequence, so
+        # markers of an earlier job with the same name can never hide new epochs.
+        self.run = resume_state["run"] if resume_state else ctx.run_id
+        self.marker = f"{ctx.job_name}/{self.run}/{ctx.step_id}/{ctx.instance}".encode()
         self.buffer: list[tuple[list, list | None]] = []
         self.pending: dict[int, list] = {}
         self.last_id = 0  # newest epoch id: a final epoch at end of stream gets the next one
         create_topic(bootstrap, COMMITS_TOPIC, 1)
         self.p.init_transactions()
-        if isinstance(resume_state, Rescaled):
-            # a rescale resumes from a savepoint: the old instances committed everything at
-            # their end of stream, so there is nothing of theirs to commit
-            resume_state = None
         if resume_state:
             done = _last_commit(bootstrap, self.marker)
-            self.last_id = max([done, *resume_state])
-            self.pending = {cid: parts for cid, parts in resume_state.items() if cid > done}
+            pending = resume_state["pending"]
+            self.last_id = max([done, *pending])
+            self.pending = {cid: parts for cid, parts in pending.items() if cid > done}
             if self.pending:  # epochs of the restored (completed) checkpoint not yet committed
                 self.commit(max(self.pending))
 
@@ -464,7 +469,7 @@ class _TransactionalWriter(_KafkaWriter):
         self.last_id = max(self.last_id, checkpoint_id)
         self.pending[checkpoint_id] = self.buffer
         self.buffer = []
-        return dict(self.pending)
+        return {"run": self.run, "pending": dict(self.pending)}
 
     def commit(self, checkpoint_id):
         ready = sorted(cid for cid in self.pending if cid <= checkpoint_id)
@@ -474,6 +479,10 @@ class _TransactionalWriter(_KafkaWriter):
         for cid in ready:
             for values, keys in self.pending[cid]:
                 self.p.send_many(self.spec.topic, values, keys)
+        # the data reach the broker before the marker does: if this process dies mid-commit
+        # on a broker that shows aborted transactions (Tansu), a visible marker never stands
+        # for data that were not written
+        self.p.flush()
         self.p.send_many(COMMITS_TOPIC, [str(ready[-1]).encode()], [self.marker])
         self.p.commit()
         for cid in ready:

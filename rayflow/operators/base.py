@@ -27,6 +27,7 @@ class StepContext:
     job_name: str = "rayflow"
     state_backend: Any = None  # a rayflow.state.StateBackend; memory when None
     guarantee: str = "at_least_once"  # the job's processing guarantee
+    run_id: str = ""  # unique per job run (survives recovery): keys commit markers
 
 
 @dataclass(frozen=True)

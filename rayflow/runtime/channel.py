@@ -37,6 +37,7 @@ class _Channel:
     handle: Any
     window: deque = field(default_factory=deque)  # (ref, nbytes)
     bytes: int = 0
+    seq: int = 0  # messages sent: the receiver restores their order (see StepHost.push)
 
 
 class Emitter:
@@ -129,7 +130,8 @@ class Emitter:
                                    or chan.bytes + size > self.max_bytes):
                 self._complete_oldest(chan, block=True)
             self.backpressure_s += time.perf_counter() - t0
-        ref = chan.handle.push.remote(msg, self.source)
+        ref = chan.handle.push.remote(msg, self.source, chan.seq)
+        chan.seq += 1
         chan.window.append((ref, size))
         chan.bytes += size
         if size:

@@ -62,6 +62,8 @@ class StepHost:
         self._finished_inputs: set[tuple[str, int]] = set()
         self._blocked: set[tuple[str, int]] = set()
         self._held: deque = deque()  # (msg, sender) of blocked inputs, in arrival order
+        self._next_seq: dict[tuple[str, int], int] = {}  # per input channel
+        self._early: dict[tuple[str, int], dict[int, Any]] = {}  # arrived before their turn
         self._aligning: Barrier | None = None
         self._trigger: Barrier | None = None
         self._drain = True  # end of stream flushes open windows, unless after a savepoint
@@ -169,14 +171,32 @@ class StepHost:
 
     # -- data path -----------------------------------------------------------------------
     @ray.method(concurrency_group="data")
-    def push(self, msg: Any, sender: tuple[str, int]) -> None:
+    def push(self, msg: Any, sender: tuple[str, int], seq: int) -> None:
+        """Receive message ``seq`` of the channel from ``sender``.
+
+        Ray runs the calls of a threaded actor in the order they *arrive*, which across nodes
+        need not be the order they were sent; a batch overtaking a barrier would break the
+        checkpoint's consistency. Messages are therefore numbered per channel, and one that
+        arrives early waits here until its predecessors have been handled.
+        """
         if self._error is not None:
             raise self._error
         try:
-            if sender in self._blocked:
-                self._held.append((msg, sender))
+            expected = self._next_seq.get(sender, 0)
+            if seq != expected:
+                self._early.setdefault(sender, {})[seq] = msg
                 return
-            self._handle(msg, sender)
+            while True:
+                self._next_seq[sender] = seq + 1
+                if sender in self._blocked:
+                    self._held.append((msg, sender))
+                else:
+                    self._handle(msg, sender)
+                early = self._early.get(sender)
+                if not early or seq + 1 not in early:
+                    break
+                seq += 1
+                msg = early.pop(seq)
         except BaseException as exc:
             self._fail(exc)
             raise self._error from None

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+import uuid
 from collections import Counter, defaultdict
 from typing import Any
 
@@ -38,6 +39,7 @@ class Job:
         self._finals: dict[tuple[str, int], dict] = {}
         self.started_at = self.ready_at = self.finished_at = None
         self.coordinator: Any = None
+        self.run_id = uuid.uuid4().hex[:12]  # one per run; recoveries keep it
         self.recoveries: list[dict] = []
         self._checkpoints: list[dict] = []
         self._latest: Any = None
@@ -80,7 +82,7 @@ class Job:
             step_id, i = key
             step = steps[step_id]
             ctx = StepContext(step_id, i, step.parallelism, self.flow.name, backend,
-                              chk.processing_guarantee)
+                              chk.processing_guarantee, self.run_id)
             resume = handles_in.get(key)
             if old_par.get(step_id, step.parallelism) != step.parallelism:
                 n_old = old_par[step_id]
@@ -154,9 +156,8 @@ class Job:
             return self
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         while True:
-            sinks = {h.wait_done.remote(): k for k, h in self.hosts.items()
-                     if self.flow.step(k[0]).kind == "sink"}
-            pending = list(self._runs) + list(sinks)
+            sinks = [k for k in self.hosts if self.flow.step(k[0]).kind == "sink"]
+            pending = list(self._runs) + [self.hosts[k].wait_done.remote() for k in sinks]
             failure = None
             while pending and failure is None:
                 if deadline is not None and time.monotonic() > deadline:
@@ -171,7 +172,7 @@ class Job:
                 if failure is None and pending:
                     failure = self._poll_failure()
             if failure is None or (not isinstance(failure, StepError)
-                                   and self._sinks_finished(sinks.values())):
+                                   and self._sinks_finished(sinks)):
                 break  # finished (an instance that died after its sinks finished changes nothing)
             if isinstance(failure, StepError) or \
                     len(self.recoveries) >= self.config.checkpoint.max_restarts:
