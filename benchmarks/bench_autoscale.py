@@ -126,19 +126,10 @@ def build_flow(bs: str, topic_in: str, topic_out: str, parallelism: int):
 
 
 def read_output(bs: str, topic: str) -> list[tuple[int, int, int, int]]:
-    from kafka import KafkaConsumer, TopicPartition
+    from rayflow.connectors.kafka import read_values
 
-    c = KafkaConsumer(bootstrap_servers=bs, enable_auto_commit=False,
-                      auto_offset_reset="earliest", max_poll_records=50_000)
-    c.assign([TopicPartition(topic, 0)])
-    out, idle = [], 0
-    while idle < 3:
-        got = c.poll(500)
-        idle = 0 if got else idle + 1
-        for recs in got.values():
-            out += [tuple(int(x) for x in r.value.split(b",")) for r in recs]
-    c.close()
-    return out
+    return [tuple(int(x) for x in v.split(b",")) for v in read_values(bs, topic,
+                                                                      "read_uncommitted")]
 
 
 def per_second(records, t0: float) -> list[dict]:

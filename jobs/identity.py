@@ -15,6 +15,7 @@ import time
 import click
 
 import rayflow as rf
+from rayflow.connectors.broker import bootstrap_or_embedded
 from rayflow.connectors.kafka import count_records, create_topic, produce
 
 
@@ -60,11 +61,7 @@ def messages(n: int):
 @click.option("--client", type=click.Choice(["kafka-python", "confluent"]), default="kafka-python")
 def main(address, bootstrap, input_topic, output_topic, records, partitions, sleep_ms,
          parallelism, client):
-    broker = None
-    if bootstrap is None:
-        broker = rf.EmbeddedBroker().start()
-        bootstrap = broker.bootstrap
-    try:
+    with bootstrap_or_embedded(bootstrap) as bootstrap:
         create_topic(bootstrap, input_topic, partitions)
         create_topic(bootstrap, output_topic, 1)
         if records:
@@ -82,9 +79,6 @@ def main(address, bootstrap, input_topic, output_topic, records, partitions, sle
             "written": count_records(bootstrap, output_topic),
         }
         print(json.dumps(summary, indent=2))
-    finally:
-        if broker:
-            broker.stop()
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ import click
 import numpy as np
 
 import rayflow as rf
+from rayflow.connectors.broker import bootstrap_or_embedded
 from rayflow.hpc.bridge import GangStep
 from rayflow.operators.windows import Aggregator, CountWindow
 
@@ -122,11 +123,7 @@ def reference_fits(windows: int, rows: int, features: int, sensors: int = 4) -> 
 def main(address, bootstrap, output_topic, windows, rows, features, ranks, rebuild_gang):
     from rayflow.connectors.kafka import count_records, create_topic
 
-    broker = None
-    if bootstrap is None:
-        broker = rf.EmbeddedBroker().start()
-        bootstrap = broker.bootstrap
-    try:
+    with bootstrap_or_embedded(bootstrap) as bootstrap:
         create_topic(bootstrap, output_topic, 1)
         flow = build_flow(rf.KafkaSink(output_topic, bootstrap=bootstrap), windows, rows,
                           features, ranks=ranks, reuse_gang=not rebuild_gang)
@@ -138,9 +135,6 @@ def main(address, bootstrap, output_topic, windows, rows, features, ranks, rebui
             "windows_per_s": round(windows / wall, 2), "latency": job.latency(),
             "committed": count_records(bootstrap, output_topic, "read_committed"),
         }, indent=2))
-    finally:
-        if broker:
-            broker.stop()
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ import click
 import pyarrow as pa
 
 import rayflow as rf
+from rayflow.connectors.broker import bootstrap_or_embedded
 from rayflow.connectors.kafka import count_records, create_topic, produce
 from rayflow.operators.base import Logic, OperatorSpec, Output, describe_exception
 from rayflow.operators.windows import Aggregator, CountWindow
@@ -146,11 +147,7 @@ def sentences(n: int, seed: int = 0, words: int = 12):
 @click.option("--state-dir", default=None, help="snapshot directory (filesystem, rocksdb)")
 def main(address, bootstrap, input_topic, output_topic, records, parallelism, guarantee,
          state_backend, state_dir):
-    broker = None
-    if bootstrap is None:
-        broker = rf.EmbeddedBroker().start()
-        bootstrap = broker.bootstrap
-    try:
+    with bootstrap_or_embedded(bootstrap) as bootstrap:
         create_topic(bootstrap, input_topic, 1)
         create_topic(bootstrap, output_topic, 1)
         if records:
@@ -170,9 +167,6 @@ def main(address, bootstrap, input_topic, output_topic, records, parallelism, gu
             "latency": job.latency(), "checkpoints": len(job.checkpoints()),
             "written": count_records(bootstrap, output_topic, "read_committed"),
         }, indent=2))
-    finally:
-        if broker:
-            broker.stop()
 
 
 if __name__ == "__main__":

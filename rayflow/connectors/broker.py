@@ -12,6 +12,7 @@ or start it detached (``rayflow kafka up``), which records the PID in a state fi
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -19,6 +20,7 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -203,6 +205,17 @@ def _alive(pid: int) -> bool:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
+
+
+@contextlib.contextmanager
+def bootstrap_or_embedded(bootstrap: str | None) -> Iterator[str]:
+    """Yield ``bootstrap`` as it is, or, when it is None, the address of an embedded broker
+    that lives for the ``with`` block (how jobs default to a broker of their own)."""
+    if bootstrap is not None:
+        yield bootstrap
+        return
+    with EmbeddedBroker() as broker:
+        yield broker.bootstrap
 
 
 # -- detached broker for the CLI -------------------------------------------------------------

@@ -194,19 +194,9 @@ def scenario_node_loss(victim_kind: str = "steps") -> dict:
 
 
 def _read(bs: str, topic: str, isolation: str) -> list[int]:
-    from kafka import KafkaConsumer, TopicPartition
+    from rayflow.connectors.kafka import read_values
 
-    c = KafkaConsumer(bootstrap_servers=bs, enable_auto_commit=False,
-                      isolation_level=isolation, auto_offset_reset="earliest")
-    c.assign([TopicPartition(topic, 0)])
-    got, idle = [], 0
-    while idle < 3:
-        batch = c.poll(300)
-        idle = 0 if batch else idle + 1
-        for recs in batch.values():
-            got += [int(r.value) for r in recs]
-    c.close()
-    return got
+    return [int(v) for v in read_values(bs, topic, isolation)]
 
 
 def scenario_node_loss_sink() -> dict:
