@@ -69,14 +69,14 @@ class LatencyRecorder:
                in_time: float = 0.0) -> None:
         """Sample the latencies of one written batch. Without event times (a source that
         has none), the batch's ``n`` records count from ``in_time``, when they were read."""
-        if event_times is None:
-            if n == 0:
-                return
-            event_times = np.full(n, in_time)
-        if len(event_times) == 0:
+        count = n if event_times is None else len(event_times)
+        if count == 0:
             return
-        picked = event_times[self._phase :: self.every]
-        self._phase = (self._phase - len(event_times)) % self.every
+        if event_times is None:  # only the sampled records need a value
+            picked = np.full(len(range(self._phase, count, self.every)), in_time)
+        else:
+            picked = event_times[self._phase :: self.every]
+        self._phase = (self._phase - count) % self.every
         if len(picked) == 0:
             return
         part = np.empty((len(picked), 2))

@@ -23,8 +23,6 @@ from rayflow.operators.base import (
     drop_positions,
 )
 
-_as_list = rows
-
 
 class _ItemLogic(Logic):
     def __init__(self, ctx: StepContext, fn: Callable[[Any], Any]):
@@ -37,7 +35,7 @@ class _ItemLogic(Logic):
 
     def _apply(self, items: Items) -> tuple[list, list[int], list]:
         self._dead = []
-        out, failed = apply_each(self.fn, _as_list(items), self._fail)
+        out, failed = apply_each(self.fn, rows(items), self._fail)
         return out, failed, self._dead
 
 
@@ -49,7 +47,7 @@ class _MapLogic(_ItemLogic):
 
 class _FilterLogic(_ItemLogic):
     def process(self, items, event_times):
-        records = _as_list(items)
+        records = rows(items)
         keep, failed, dead = self._apply(records)
         if failed:
             bad = set(failed)

@@ -51,12 +51,13 @@ class Emitter:
             (e, [_Channel(handles[e.downstream][t]) for t in e.target_instances]) for e in edges
         ]
         self._rr = [0] * len(self.edges)
+        self._ports = {e.port for e in edges}  # outputs that have consumers
         self.backpressure_s = 0.0
         self.batches_out = 0
         self.bytes_out = 0
 
     def ports(self) -> set[str]:
-        return {e.port for e, _ in self.edges}
+        return self._ports
 
     def emit(self, batch: Batch, port: str = "main") -> None:
         """Send ``batch`` to every downstream step of ``port``, partitioned as each edge

@@ -278,8 +278,9 @@ class Job:
     def _finish_failed(self, exc: BaseException) -> None:
         if not isinstance(exc, StepError):
             exc = StepError("?", -1, "-", f"{type(exc).__name__}: {exc}")
-        if self.recoveries:
-            exc.reason += f" (after {len(self.recoveries)} recoveries)"
+        if self.recoveries:  # a new error, so that its message carries the note too
+            exc = StepError(exc.step_id, exc.instance, exc.record,
+                            f"{exc.reason} (after {len(self.recoveries)} recoveries)")
         self.error = exc
         self.state = "FAILED"
         try:

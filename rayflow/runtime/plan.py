@@ -15,8 +15,8 @@ Each instance of D expects one end-of-stream marker per connected upstream insta
     >>> from rayflow.connectors.memory import MemorySource, CollectSink
     >>> f = Dataflow("p"); f.source("s", MemorySource([1]), 2).map("m", str, parallelism=3).sink("k", CollectSink())
     >>> plan = make_plan(f)
-    >>> plan.expected_eos[("m", 0)], plan.outputs[("s", 0)][0].targets
-    (2, ['m'])
+    >>> plan.expected_eos[("m", 0)], plan.outputs[("s", 0)][0].downstream
+    (2, 'm')
 """
 
 from __future__ import annotations
@@ -38,18 +38,18 @@ class OutEdge:
     key_fn: Callable[[Any], Any] | None = None
     port: str = "main"
 
-    @property
-    def targets(self) -> list[str]:
-        return [self.downstream]
-
 
 @dataclass
 class Plan:
     order: list[str]  # step ids, sources first (topological)
     parallelism: dict[str, int]
     outputs: dict[tuple[str, int], list[OutEdge]] = field(default_factory=dict)
-    expected_eos: dict[tuple[str, int], int] = field(default_factory=dict)
     inputs: dict[tuple[str, int], list[tuple[str, int]]] = field(default_factory=dict)
+
+    @property
+    def expected_eos(self) -> dict[tuple[str, int], int]:
+        """End-of-stream markers each instance waits for: one per connected upstream."""
+        return {k: len(v) for k, v in self.inputs.items()}
 
     def instances(self):
         for step_id in self.order:
@@ -65,7 +65,6 @@ def make_plan(flow: Dataflow) -> Plan:
     plan = Plan(order, par)
     for key in plan.instances():
         plan.outputs[key] = []
-        plan.expected_eos[key] = 0
         plan.inputs[key] = []
     for step in flow.steps:
         n = step.parallelism
@@ -80,7 +79,6 @@ def make_plan(flow: Dataflow) -> Plan:
                     OutEdge(step.step_id, kind, targets, edge.key_fn, edge.port)
                 )
                 for t in targets:
-                    plan.expected_eos[(step.step_id, t)] += 1
                     plan.inputs[(step.step_id, t)].append((edge.upstream, u))
     return plan
 
