@@ -78,7 +78,8 @@ class Job:
         steps = {s.step_id: s for s in self.flow.steps}
         handles_in = latest.handles if latest is not None else {}
         old_par = Counter(s for s, _ in handles_in)
-        for key in self.plan.instances():
+        spread = _spread_nodes() if opts.scheduling_strategy == "SPREAD" else []
+        for n, key in enumerate(self.plan.instances()):
             step_id, i = key
             step = steps[step_id]
             ctx = StepContext(step_id, i, step.parallelism, self.flow.name, backend,
@@ -91,11 +92,18 @@ class Job:
             if step.kind == "source" and key in positions:
                 resume = positions[key]  # at-most-once: never replay what already left
             # per-step overrides (e.g. .map(..., actor_num_cpus=1) for a heavy step, so the
-            # autoscaler sees its demand) win over the job's stream options
+            # autoscaler sees its demand) win over the job's stream options. SPREAD deals
+            # instances round-robin over the nodes with CPUs (soft affinity: a full or lost
+            # node falls back to Ray's choice); Ray's own SPREAD is best effort and often
+            # packs actors of 0 CPUs on one or two nodes.
+            strategy = step.options.get("scheduling_strategy", opts.scheduling_strategy)
+            if strategy == "SPREAD" and spread:
+                from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+                strategy = NodeAffinitySchedulingStrategy(spread[n % len(spread)], soft=True)
             self.hosts[key] = StepHost.options(
                 num_cpus=step.options.get("actor_num_cpus", opts.actor_num_cpus),
-                scheduling_strategy=step.options.get("scheduling_strategy",
-                                                     opts.scheduling_strategy),
+                scheduling_strategy=strategy,
             ).remote(step, ctx, opts, self.flow.dead_letter_sink, resume, self.coordinator,
                      chk.tick_s)
         handles: dict[str, list[Any]] = defaultdict(list)
@@ -120,11 +128,9 @@ class Job:
 
         t0 = time.time()
         restore = ray.get(self.coordinator.detach.remote())
-        old = list(self.hosts.values())
+        # every old instance must be gone before the new ones start (teardown waits for
+        # that): an old sink that is still alive could commit an epoch the new sink commits too
         self._teardown(keep_coordinator=True)
-        # every old instance must be gone before the new ones start: an old sink that is
-        # still alive could commit an epoch the new sink commits too
-        _wait_dead(old, timeout_s=30.0)
         latest = restore["latest"]
         positions = restore["positions"] if self.config.checkpoint.processing_guarantee == \
             "at_most_once" else {}
@@ -317,6 +323,9 @@ class Job:
                 ray.kill(h, no_restart=True)
             except Exception:  # noqa: BLE001 - already gone
                 pass
+        # ray.kill is asynchronous: return only once every actor is gone, so that a job
+        # that stopped holds no actor (and no call reaches an old instance)
+        _wait_dead(actors, timeout_s=30.0)
         self.hosts.clear()
         self._runs = {}
 
@@ -365,6 +374,15 @@ class Job:
         return n / (last - first) if last > first else 0.0
 
 
+def _spread_nodes() -> list[str]:
+    """IDs of the alive nodes with CPUs, in a stable order (empty on a single node)."""
+    import ray
+
+    nodes = sorted(n["NodeID"] for n in ray.nodes()
+                   if n.get("Alive") and n.get("Resources", {}).get("CPU", 0) > 0)
+    return nodes if len(nodes) > 1 else []
+
+
 def _wait_dead(handles: list[Any], timeout_s: float) -> None:
     import ray
 
@@ -372,7 +390,7 @@ def _wait_dead(handles: list[Any], timeout_s: float) -> None:
     for h in handles:
         while time.monotonic() < deadline:
             try:
-                ray.get(h.status.remote(), timeout=max(0.1, deadline - time.monotonic()))
+                ray.get(h.__ray_ready__.remote(), timeout=max(0.1, deadline - time.monotonic()))
             except ray.exceptions.RayActorError:
                 break
             except Exception:  # noqa: BLE001 - timeout or other: try again until the deadline
