@@ -13,6 +13,7 @@ import os as _os
 # instance after a token was written, needs this before Ray is imported (see RAY_NOTES).
 _os.environ.setdefault("RAY_AUTH_MODE", "token")
 
+from rayflow.batches import Field  # noqa: E402
 from rayflow.config import load_config  # noqa: E402
 from rayflow.connectors.broker import EmbeddedBroker
 from rayflow.connectors.kafka import KafkaSink, KafkaSource
@@ -25,6 +26,7 @@ __all__ = [
     "Dataflow",
     "DiscardSink",
     "EmbeddedBroker",
+    "Field",
     "GeneratorSource",
     "KafkaSink",
     "KafkaSource",

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from rayflow.batches import Field
 from rayflow.connectors.base import SinkSpec, SourceSpec
 from rayflow.errors import ConfigError
 from rayflow.operators.base import OperatorSpec
@@ -129,10 +130,13 @@ class Stream:
         self.flow._add(Step(step_id, kind, spec, parallelism, (edge,), on_error, options))
         return Stream(self.flow, step_id)
 
-    def key_by(self, key_fn: Callable[[Any], Any]) -> Stream:
+    def key_by(self, key_fn: Callable[[Any], Any] | str) -> Stream:
         """Partition the next step's input by ``key_fn(record)``: records with equal keys go to
-        the same instance. For numpy/Arrow batches ``key_fn`` gets the whole batch and returns
-        one key per row."""
+        the same instance. For numpy batches ``key_fn`` gets the whole batch and returns one key
+        per row. A string names a field (:class:`~rayflow.batches.Field`): on Arrow batches the
+        key column is then hashed and windowed vectorized, not record by record."""
+        if isinstance(key_fn, str):
+            key_fn = Field(key_fn)
         return Stream(self.flow, self.step_id, "hash", key_fn, self._port)
 
     def rebalance(self) -> Stream:
