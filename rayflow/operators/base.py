@@ -85,6 +85,10 @@ class Logic:
         """State to restore from (stateless logic returns None)."""
         return None
 
+    def discard(self, handle: Any) -> None:
+        """Delete what :meth:`snapshot` stored under ``handle`` (files, a RocksDB checkpoint):
+        a later checkpoint has completed, so nothing will restore from it."""
+
     def close(self) -> None:
         """Release resources."""
 

@@ -307,6 +307,9 @@ class _StatefulLogic(Logic):
         # checkpoint it was restored from
         return self.state.snapshot(time.time_ns())
 
+    def discard(self, handle: Any) -> None:
+        self.state.discard(handle)
+
     def close(self) -> None:
         self.state.close()
 

@@ -68,6 +68,7 @@ class StepHost:
         self._trigger: Barrier | None = None
         self._drain = True  # end of stream flushes open windows, unless after a savepoint
         self._last_tick = 0.0
+        self._snapshots: list[tuple[int, Any]] = []  # this instance's, not yet subsumed
         self.emitter: Emitter | None = None
         self._ray_metrics = _RayMetrics(ctx)
         if step.kind == "source":
@@ -295,6 +296,9 @@ class StepHost:
                 handle = self.writer.snapshot(cid)
         else:
             handle = self.logic.snapshot()
+            if handle is not None:
+                with self._lock:
+                    self._snapshots.append((cid, handle))
         self._ack(cid, handle)
         if self.step.kind != "sink":
             self.emitter.emit_control(barrier)
@@ -313,10 +317,19 @@ class StepHost:
 
     @ray.method(concurrency_group="control")
     def notify_complete(self, checkpoint_id: int) -> None:
-        """Checkpoint complete: sinks commit its output (second phase of two-phase commit)."""
+        """Checkpoint complete: sinks commit its output (second phase of two-phase commit);
+        operators delete their older snapshots, which it subsumes (Flink keeps one completed
+        checkpoint too). A snapshot this instance was restored from is not its own and stays,
+        as with Flink's default no-claim restore."""
         if self.step.kind == "sink":
             with self._lock:
                 self.writer.commit(checkpoint_id)
+        elif self.step.kind == "operator":
+            with self._lock:
+                old = [h for c, h in self._snapshots if c < checkpoint_id]
+                self._snapshots = [(c, h) for c, h in self._snapshots if c >= checkpoint_id]
+            for handle in old:
+                self.logic.discard(handle)
 
     # -- end of stream -------------------------------------------------------------------
     def _on_eos(self) -> None:

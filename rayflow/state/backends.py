@@ -38,6 +38,9 @@ class KeyValueState(Generic[K, V]):
         """A picklable handle from which :meth:`StateBackend.open` restores this state."""
         raise NotImplementedError
 
+    def discard(self, handle: Any) -> None:
+        """Delete the snapshot ``handle`` (a completed later checkpoint subsumed it)."""
+
     def close(self) -> None:
         """Release files and handles (state is not deleted)."""
 
@@ -108,6 +111,9 @@ class _FsState(_DictState):
         os.replace(tmp, path)  # a crash never leaves a half-written snapshot under its name
         return str(path)
 
+    def discard(self, handle):
+        Path(handle).unlink(missing_ok=True)
+
 
 @dataclass(frozen=True)
 class FsBackend(StateBackend):
@@ -158,6 +164,9 @@ class _RocksState(KeyValueState):
             shutil.rmtree(path)
         Checkpoint(self.db).create_checkpoint(str(path))
         return str(path)
+
+    def discard(self, handle):
+        shutil.rmtree(handle, ignore_errors=True)
 
     def close(self):
         self.db.close()

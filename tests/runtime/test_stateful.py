@@ -2,6 +2,7 @@
 with a savepoint resumes exactly where it stopped; late records get their own output."""
 
 import time
+from pathlib import Path
 
 import pytest
 
@@ -114,3 +115,26 @@ def test_rescale_running_job_moves_keyed_state_and_partitions(ray_session, kafka
     expected = sorted((w, s, 10 if s < n[w] // 10 else n[w] % 10)
                       for w in n for s in range(-(-n[w] // 10)))
     assert sorted(got) == expected
+
+
+@pytest.mark.parametrize("backend", ["filesystem", "rocksdb"])
+def test_subsumed_snapshots_are_deleted(ray_session, backend, tmp_path):
+    """Each completed checkpoint deletes the operators' older snapshots: however many
+    checkpoints a job takes, an instance keeps the latest (plus at most one in flight)."""
+    if backend == "rocksdb":
+        pytest.importorskip("rocksdict")
+    src = rf.GeneratorSource(lambda i: f"w{i % 13}", rate=20_000)
+    job = rf.run(_count_flow(f"gc-{backend}", src), background=True,
+                 checkpoint={"state_backend": backend, "state_dir": str(tmp_path),
+                             "interval_s": 0.2})
+    deadline = time.time() + 60
+    while len([c for c in job.checkpoints() if c["status"] == "completed"]) < 6:
+        assert time.time() < deadline, job.checkpoints()
+        time.sleep(0.2)
+    job.stop(savepoint=True)
+    latest = job.last_checkpoint()
+    for i in range(2):
+        kept = sorted(p.name for p in (tmp_path / f"gc-{backend}" / "count" / str(i)).iterdir()
+                      if p.name.startswith("chk-"))
+        assert 1 <= len(kept) <= 2, kept
+        assert Path(latest.handles[("count", i)]).name in kept
