@@ -6,9 +6,11 @@
 For each side (50 … 1200 px) it writes N synthetic PNG files, then measures on them:
   * ``loop``: one process, one OpenCV thread: read, decode, blur 5×5 sigma 3, encode PNG;
     the limit a framework can approach per core, and its per-phase times;
-  * ``p1``: rayflow, parallelism 1 per step (read → decode → blur → encode-and-drop);
+  * ``loop x2``: the same loop in two processes at once, on every other file: what both
+    cores do with no framework (the honest ceiling for ``both``);
+  * ``p1``: rayflow, parallelism 1 per step, in two chains: read → decode | blur → encode;
   * ``blur2``: the blur step at parallelism 2;
-  * ``both``: both cores: two readers/decoders, two blurs, two writers.
+  * ``both``: both cores: two chains, each read → decode → blur → encode.
 Throughput is N / (max write time − min read time). Memory is the peak USS of the driver,
 Ray's processes and every worker above the idle Ray (``rayflow.memprobe``), and the object
 store's peak, both in MB. Results: ``benchmarks/results/images[_quick].json`` and PNG plots.
@@ -38,8 +40,10 @@ PUBLISHED = {
     1000: (460, 178, 24, 9.51), 1200: (580, 200, 14.4, 5.91),
 }
 CONFIGS = {
-    "p1": {"readers": 1, "blur_parallelism": 1, "writers": 1},
+    # parallelism 1 per step, two chains: read + decode | blur + encode (two cores overlap)
+    "p1": {"readers": 1, "blur_parallelism": 1, "writers": 1, "split": True},
     "blur2": {"readers": 1, "blur_parallelism": 2, "writers": 1},
+    # both cores: two chains of read + decode + blur + encode, no image crosses an actor
     "both": {"readers": 2, "blur_parallelism": 2, "writers": 2},
 }
 
@@ -70,14 +74,40 @@ def opencv_loop(files: list[Path]) -> dict:
                    "blur": round(1e3 * t_blur / n, 3), "encode": round(1e3 * t_enc / n, 3)}}
 
 
+def _loop_half(files: list[str]) -> float:
+    opencv_loop([Path(f) for f in files])
+    return time.perf_counter()
+
+
+def opencv_loop_2proc(files: list[Path]) -> float:
+    """The plain loop in two processes at once, each on every other file: what two cores
+    do with no framework at all (images/s over the wall time of both)."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    with ctx.Pool(2) as pool:
+        pool.map(_loop_half, [[str(f) for f in files[:4]]] * 2)  # start and warm both
+        t0 = time.perf_counter()
+        ends = pool.map(_loop_half, [[str(f) for f in files[i::2]] for i in range(2)])
+    return round(len(files) / (max(ends) - t0), 2)
+
+
 def ceiling(step_ms: dict, cfg: dict, cores: int) -> float:
-    """Images/s the measured per-step times allow: each instance is one thread, so a step
-    at parallelism p does at most p / t images/s, and all steps share ``cores`` cores."""
-    par = {"read": cfg["readers"], "decode": cfg["readers"], "blur": cfg["blur_parallelism"],
-           "write": cfg["writers"]}
-    per_step = min(1000.0 * par[s] / t for s, t in step_ms.items() if t > 0)
+    """Images/s the measured per-step times allow: each actor is one thread running a chain
+    of steps, so a chain at parallelism p does at most p / (sum of its steps' times)
+    images/s, and all steps share ``cores`` cores."""
+    from image_blur import build_flow
+
+    from rayflow.runtime.plan import chains
+
+    flow = build_flow("unused", **cfg)
+    par = {s.step_id: s.parallelism for s in flow.steps}
+    per_chain: dict[str, float] = {}
+    for step, head in chains(flow).items():
+        per_chain[head] = per_chain.get(head, 0.0) + step_ms.get(step, 0.0)
+    bound = min(1000.0 * par[h] / t for h, t in per_chain.items() if t > 0)
     shared = 1000.0 * cores / max(sum(step_ms.values()), 1e-9)
-    return round(min(per_step, shared), 1)
+    return round(min(bound, shared), 1)
 
 
 def run_size(side: int, n: int, workdir: Path, configs: list[str]) -> dict:
@@ -91,6 +121,7 @@ def run_size(side: int, n: int, workdir: Path, configs: list[str]) -> dict:
     gen_s = time.time() - t0
     opencv_loop(files[: min(20, n)])  # warm the page cache and OpenCV
     loop = opencv_loop(files)
+    loop["two_process_img_s"] = opencv_loop_2proc(files)
     row = {"side": side, "n": n, "png_kb": round(sum(f.stat().st_size for f in files) / n / 1e3, 1),
            "gen_s": round(gen_s, 1), "loop": loop}
     for name in configs:
@@ -98,6 +129,7 @@ def run_size(side: int, n: int, workdir: Path, configs: list[str]) -> dict:
         assert res["images_written"] == n and res["dead_letters"] == 0, res
         res["ceiling_img_s"] = ceiling(res["step_ms_per_image"], CONFIGS[name], 2)
         res["vs_loop"] = ratio(res["throughput_img_s"], loop["img_s"])
+        res["vs_two_process_loop"] = ratio(res["throughput_img_s"], loop["two_process_img_s"])
         row[name] = res
         print(f"  {side:>5} px {name:>6}: {res['throughput_img_s']:8.1f} img/s "
               f"(loop {loop['img_s']:.1f}, x{res['vs_loop']}), ceiling {res['ceiling_img_s']}, "
@@ -157,12 +189,13 @@ def main(quick, count, sizes, configs):
     table = []
     for r in rows:
         s = r["side"]
-        table.append([s, r["loop"]["img_s"]] + [r[c]["throughput_img_s"] for c in configs]
+        table.append([s, r["loop"]["img_s"], r["loop"]["two_process_img_s"]]
+                     + [r[c]["throughput_img_s"] for c in configs]
                      + [r[c]["vs_loop"] for c in configs] + [r["both" if "both" in configs
                                                               else configs[0]]["ceiling_img_s"]]
                      + [PUBLISHED[s][2], PUBLISHED[s][3]] if s in PUBLISHED else [None] * 2)
     print_table(f"W1 throughput, images/s (N={n}, this machine)",
-                ["px", "loop"] + configs + [f"{c}/loop" for c in configs]
+                ["px", "loop", "loop x2"] + configs + [f"{c}/loop" for c in configs]
                 + ["ceiling(both)", "Storm", "Streams"], table)
     print_table("W1 per-image ms: loop phases | rayflow p1 steps (busy − backpressure)",
                 ["px", "read", "decode", "blur", "encode", "p1 read", "p1 decode", "p1 blur",

@@ -27,18 +27,21 @@ from rayflow.connectors.images import (
 from rayflow.operators.image import GaussianBlur
 
 # Channels hold at most 4 batches and 16 MiB each: the paper's fix for Storm was bounded
-# queues of 2–4 images; byte bounds keep 1200 px images as cheap to hold as 50 px ones.
-IMAGE_STREAM = {"batch_size": 32, "channel_calls": 4, "channel_bytes": 16 << 20}
+# queues of 2–4 images; byte bounds keep 1200 px images as cheap to hold as 50 px ones. A
+# batch is at most 256 files and at most 4 MiB of files (DirectorySource.max_batch_bytes).
+IMAGE_STREAM = {"batch_size": 256, "channel_calls": 4, "channel_bytes": 16 << 20}
 
-# Settings for a local Ray that keep memory flat with multi-megabyte images (measured in
-# docs/images.md): the raylet frees dead objects every 100 ms instead of every second (at
-# 1200 px a second of traffic is ~300 MB of object store), and glibc returns image-sized
-# buffers to the OS instead of growing each actor's heap (its adaptive mmap threshold
-# otherwise rises to the image size and the heap keeps the freed images).
+# Settings for a local Ray, measured with benchmarks/bench_images.py: the raylet frees dead
+# objects every 100 ms instead of every second (at 1200 px a second of traffic is ~300 MB of
+# object store). glibc: a fixed mmap threshold of 32 MiB serves image buffers from the heap
+# (with the 256 KiB threshold every image was a fresh mmap whose page faults cost ~15% of
+# the throughput), a 4 MiB trim threshold gives freed images back to the OS, and two arenas
+# per process stop the control threads from keeping heaps of their own.
 LOCAL_RAY = {
     "_system_config": {"free_objects_period_milliseconds": 100},
-    "runtime_env": {"env_vars": {"MALLOC_MMAP_THRESHOLD_": "262144",
-                                 "MALLOC_TRIM_THRESHOLD_": "1048576"}},
+    "runtime_env": {"env_vars": {"MALLOC_MMAP_THRESHOLD_": str(32 << 20),
+                                 "MALLOC_TRIM_THRESHOLD_": str(4 << 20),
+                                 "MALLOC_ARENA_MAX": "2"}},
 }
 
 
@@ -46,11 +49,15 @@ def build_flow(input_dir: str, *, output_dir: str | None = None, readers: int = 
                decoders: int | None = None, blur_parallelism: int = 1, writers: int = 1,
                ksize: int = 5, sigma: float = 3.0, border: str = "reflect101",
                channels: int | None = None, max_pixels: int | None = 100_000_000,
-               pattern: str = "*.png", watch: bool = False) -> rf.Dataflow:
+               pattern: str = "*.png", watch: bool = False,
+               split: bool = False) -> rf.Dataflow:
     """The W1 dataflow: read → decode → blur → encode PNG (drop, or write to a directory).
 
     Reading and decoding run at ``readers`` (the paper's reader both reads and decodes;
     here decoding is its own step so bad files become dead letters with their path).
+    Steps with equal parallelism are chained into one actor (no copy of the image between
+    them); ``split=True`` starts a new chain at the blur, so that reading and decoding run
+    on one core while blurring and encoding run on another.
     """
     flow = rf.Dataflow("image_blur")
     decoders = decoders or readers
@@ -62,7 +69,7 @@ def build_flow(input_dir: str, *, output_dir: str | None = None, readers: int = 
     if blur_parallelism != decoders:
         s = s.rebalance()
     s = s.apply("blur", GaussianBlur(ksize, sigma, sigma, border), parallelism=blur_parallelism,
-                on_error="dead_letter")
+                on_error="dead_letter", start_new_chain=split)
     if writers != blur_parallelism:
         s = s.rebalance()
     sink = DirectorySink(output_dir) if output_dir else PngDiscardSink()

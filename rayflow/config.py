@@ -62,6 +62,12 @@ class StreamOptions(BaseModel):
         "count be scheduled (operators are mostly waiting on I/O or each other)",
     )
     latency_sample_every: int = Field(16, gt=0, description="keep 1 latency sample in N")
+    chaining: bool = Field(
+        True,
+        description="run a step in its upstream's actor when the edge is one-to-one (Flink's "
+        "operator chaining): no serialization between them. Per step: start_new_chain=True "
+        "or disable_chaining=True",
+    )
     scheduling_strategy: Literal["SPREAD", "DEFAULT"] = Field(
         "SPREAD",
         description="SPREAD puts step actors on many nodes; DEFAULT packs them (lets an "

@@ -2,7 +2,7 @@ import pytest
 
 from rayflow import CollectSink, Dataflow, MemorySource
 from rayflow.errors import ConfigError
-from rayflow.runtime.plan import make_plan
+from rayflow.runtime.plan import chains, make_plan
 
 
 def test_duplicate_and_bad_step_ids_are_rejected():
@@ -54,3 +54,39 @@ def test_importing_rayflow_does_not_import_ray():
     code = "import sys, rayflow, rayflow.dataflow, rayflow.operators.stateless; print('ray' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def _linear(par_map=1, par_sink=1, edge=None, opts=None):
+    opts = opts or {}
+    f = Dataflow("chain")
+    s = f.source("src", MemorySource([1]))
+    s = getattr(s, edge)() if edge == "rebalance" else s.key_by(str) if edge == "key" else s
+    m = s.map("m", str, parallelism=par_map, **opts.get("m", {}))
+    m.sink("out", CollectSink(), parallelism=par_sink, **opts.get("out", {}))
+    return f
+
+
+@pytest.mark.parametrize("kw, expected", [
+    ({}, {"src": "src", "m": "src", "out": "src"}),  # all one-to-one at parallelism 1
+    ({"edge": "rebalance"}, {"src": "src", "m": "src", "out": "src"}),  # one target anyway
+    ({"edge": "key"}, {"src": "src", "m": "src", "out": "src"}),
+    ({"par_map": 2, "par_sink": 2}, {"src": "src", "m": "m", "out": "m"}),  # forward 2 -> 2
+    ({"par_map": 2, "par_sink": 2, "edge": "key"}, {"src": "src", "m": "m", "out": "m"}),
+    ({"par_map": 2}, {"src": "src", "m": "m", "out": "out"}),  # 2 -> 1 needs a channel
+    ({"opts": {"out": {"start_new_chain": True}}}, {"src": "src", "m": "src", "out": "out"}),
+    ({"opts": {"m": {"disable_chaining": True}}}, {"src": "src", "m": "m", "out": "out"}),
+    ({"opts": {"m": {"actor_num_cpus": 1}}}, {"src": "src", "m": "m", "out": "out"}),
+])
+def test_chains_follow_one_to_one_edges(kw, expected):
+    opts = kw.pop("opts", {})
+    assert chains(_linear(**kw, opts=opts)) == expected
+
+
+def test_chains_stop_at_fan_out_side_outputs_and_when_disabled():
+    f = Dataflow("fan")
+    s = f.source("src", MemorySource([1])).map("m", str)
+    s.sink("a", CollectSink())
+    s.sink("b", CollectSink())  # m feeds two steps: both need channels
+    s.side("late").sink("c", CollectSink())
+    assert chains(f) == {"src": "src", "m": "src", "a": "a", "b": "b", "c": "c"}
+    assert set(chains(_linear(), enabled=False).values()) == {"src", "m", "out"}

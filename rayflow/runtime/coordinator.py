@@ -65,16 +65,19 @@ class CoordinatorActor:
         """At-most-once sources record their position before emitting."""
         self.positions[task] = pos
 
-    def savepoint(self, stop_after: bool, timeout_s: float) -> int | None:
-        """Trigger a checkpoint now (sources stop after it when ``stop_after``); wait for it."""
+    def savepoint(self, stop_after: bool, timeout_s: float) -> int | str:
+        """Trigger a checkpoint now (sources stop after it when ``stop_after``); wait for it.
+        Returns its id, or why it did not complete."""
         from rayflow.checkpoint import _Pending
 
         deadline = time.monotonic() + timeout_s
         while True:  # let a periodic checkpoint in flight finish first
             with self.lock:
                 core = self.core
-                if core is None or core.finished:
-                    return None
+                if core is None:
+                    return "no tasks are attached (the job is failing or recovering)"
+                if core.finished:
+                    return f"tasks have finished: {sorted(core.finished)[:10]}"
                 if core.pending is None:
                     cid = core.next_id
                     core.next_id += 1
@@ -83,10 +86,22 @@ class CoordinatorActor:
                     for h in self.sources.values():
                         h.trigger_checkpoint.remote(cid, stop_after)
                     break
-            if time.monotonic() > deadline:
-                return None
+                if time.monotonic() > deadline:
+                    return (f"checkpoint {core.pending.checkpoint_id} was still in flight, "
+                            f"without acks from {self._missing(core)}")
             time.sleep(0.02)
-        return cid if done.wait(timeout_s) else None
+        if done.wait(timeout_s):
+            return cid
+        with self.lock:
+            core = self.core
+            if core is not None and core.pending is not None and \
+                    core.pending.checkpoint_id == cid:
+                return f"savepoint {cid} got no acks from {self._missing(core)}"
+        return f"savepoint {cid} was aborted (see job.checkpoints())"
+
+    @staticmethod
+    def _missing(core: Coordinator) -> list:
+        return sorted(set(core.tasks) - set(core.pending.acks))[:10]
 
     def latest(self) -> CompletedCheckpoint | None:
         with self.lock:
@@ -112,7 +127,8 @@ class CoordinatorActor:
                 for h in self.sources.values():
                     h.trigger_checkpoint.remote(act.checkpoint_id)
             elif isinstance(act, Complete):
-                for h in self.hosts.values():
+                # one call per actor: chained instances share one, which notifies them all
+                for h in {h._actor_id: h for h in self.hosts.values()}.values():
                     h.notify_complete.remote(act.checkpoint_id)
                 ev = self._stop_waiters.pop(act.checkpoint_id, None)
                 if ev is not None:

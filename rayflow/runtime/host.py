@@ -1,4 +1,5 @@
-"""The operator-host actor: one per step instance, running a source, an operator or a sink.
+"""The operator-host actor: one per chain of step instances (see :mod:`rayflow.runtime.plan`
+for what chains), each instance running a source, an operator or a sink.
 
 Methods run in two concurrency groups: ``data`` (one thread: the source loop, or ``push``
 calls in arrival order) and ``control`` (status, stop, checkpoint triggers and commits,
@@ -36,9 +37,9 @@ from rayflow.runtime.plan import OutEdge
 MAX_KEPT_DEAD_LETTERS = 10_000
 
 
-@ray.remote(concurrency_groups={"data": 1, "control": 2})
-class StepHost:
-    """Hosts one instance of one step."""
+class StepTask:
+    """One instance of one step, inside a :class:`StepHost` actor (with the instances chained
+    to it)."""
 
     def __init__(self, step: Step, ctx: StepContext, options: StreamOptions,
                  dead_letter_sink: SinkSpec | None = None, resume_state: Any = None,
@@ -81,14 +82,13 @@ class StepHost:
 
     # -- wiring --------------------------------------------------------------------------
     def connect(self, edges: list[OutEdge], handles: dict[str, list[Any]],
-                inputs: list[tuple[str, int]]):
+                inputs: list[tuple[str, int]], local: dict[tuple[str, int], StepTask]):
         self.emitter = Emitter((self.ctx.step_id, self.ctx.instance), edges, handles,
-                               self.opts.channel_bytes, self.opts.channel_calls)
+                               self.opts.channel_bytes, self.opts.channel_calls, local)
         self._inputs = list(inputs)
         return True
 
     # -- source loop ---------------------------------------------------------------------
-    @ray.method(concurrency_group="data")
     def run(self) -> dict:
         """The source loop: poll, stamp inTime, push; then end-of-stream. Sources only.
 
@@ -107,6 +107,7 @@ class StepHost:
         try:
             while not self._stop.is_set():
                 t0 = time.perf_counter()
+                ch0 = emitter.chained_s
                 wait = linger_s if not pending else max(0.0, first + linger_s - time.perf_counter())
                 got = reader.poll(batch_size - pending, wait)
                 if got is not None:
@@ -143,7 +144,8 @@ class StepHost:
                     if now - self._last_tick >= self.tick_s:
                         self._last_tick = now
                         emitter.emit_control(Tick(time.time()))
-                c.busy_s += time.perf_counter() - t0
+                # own work only: time inside chained steps is theirs
+                c.busy_s += time.perf_counter() - t0 - (emitter.chained_s - ch0)
             if pending:
                 self._emit_parts(parts, times, in_time)
             emitter.emit_eos(self._drain)
@@ -171,7 +173,6 @@ class StepHost:
         self._ray_metrics.batch(n)
 
     # -- data path -----------------------------------------------------------------------
-    @ray.method(concurrency_group="data")
     def push(self, msg: Any, sender: tuple[str, int], seq: int) -> None:
         """Receive message ``seq`` of the channel from ``sender``.
 
@@ -220,6 +221,7 @@ class StepHost:
     def _on_batch(self, batch: Batch) -> None:
         c = self.counters
         t0 = time.perf_counter()
+        ch0 = self.emitter.chained_s
         n = len(batch)
         c.records_in += n
         c.batches_in += 1
@@ -235,7 +237,7 @@ class StepHost:
             c.records_out += n - len(dead or ())
         else:
             self._emit_output(self.logic.process(batch.items, batch.event_times), batch.in_time)
-        c.busy_s += time.perf_counter() - t0
+        c.busy_s += time.perf_counter() - t0 - (self.emitter.chained_s - ch0)
         self._ray_metrics.batch(n)
 
     def _emit_output(self, out: Output | None, in_time: float) -> None:
@@ -310,12 +312,10 @@ class StepHost:
     def _key(self) -> tuple[str, int]:
         return (self.ctx.step_id, self.ctx.instance)
 
-    @ray.method(concurrency_group="control")
     def trigger_checkpoint(self, checkpoint_id: int, stop_after: bool = False) -> None:
         """Sources: inject barrier ``checkpoint_id`` before the next batch."""
         self._trigger = Barrier(checkpoint_id, stop_after)
 
-    @ray.method(concurrency_group="control")
     def notify_complete(self, checkpoint_id: int) -> None:
         """Checkpoint complete: sinks commit its output (second phase of two-phase commit);
         operators delete their older snapshots, which it subsumes (Flink keeps one completed
@@ -375,12 +375,10 @@ class StepHost:
             self.counters.bytes_out = self.emitter.bytes_out
 
     # -- control -------------------------------------------------------------------------
-    @ray.method(concurrency_group="control")
     def stop(self) -> None:
         """Ask a source to end its stream (the graph then drains and finishes)."""
         self._stop.set()
 
-    @ray.method(concurrency_group="control")
     def status(self) -> dict:
         self._sync_emitter()
         return {
@@ -392,11 +390,9 @@ class StepHost:
             "inflight_bytes": self.emitter.inflight_bytes() if self.emitter else 0,
         }
 
-    @ray.method(concurrency_group="control")
     def wait_done(self, timeout_s: float | None = None) -> bool:
         return self._done.wait(timeout_s)
 
-    @ray.method(concurrency_group="control")
     def final(self) -> dict:
         """Everything the driver keeps after the run."""
         self._sync_emitter()
@@ -407,6 +403,70 @@ class StepHost:
             "result": self.writer.result() if self.step.kind == "sink" else None,
             "error": self._error,
         }
+
+
+
+@ray.remote(concurrency_groups={"data": 1, "control": 2})
+class StepHost:
+    """The actor of one chain of step instances: its head (a source, or an instance fed by
+    other actors) and the instances chained to it, which take their input from the previous
+    member by a plain call, as Flink's operator chaining does: no serialization, no Ray call,
+    no channel between them. Methods address a member by its key; the head by default.
+
+    Methods run in two concurrency groups: ``data`` (one thread: the source loop, or ``push``
+    calls in arrival order) and ``control`` (status, stop, checkpoints, results).
+    """
+
+    def __init__(self, members: list[tuple[Step, StepContext, Any]], options: StreamOptions,
+                 dead_letter_sink: SinkSpec | None = None, coordinator: Any = None,
+                 tick_s: float = 0.2):
+        self.tasks = {(ctx.step_id, ctx.instance): StepTask(step, ctx, options, dead_letter_sink,
+                                                            resume, coordinator, tick_s)
+                      for step, ctx, resume in members}
+        self.head = next(iter(self.tasks.values()))
+
+    def _task(self, key: tuple[str, int] | None) -> StepTask:
+        return self.head if key is None else self.tasks[tuple(key)]
+
+    def connect(self, outputs: dict, handles: dict[str, list[Any]], inputs: dict) -> bool:
+        for key, task in self.tasks.items():
+            task.connect(outputs[key], handles, inputs[key], self.tasks)
+        return True
+
+    @ray.method(concurrency_group="data")
+    def run(self) -> dict:
+        return self.head.run()
+
+    @ray.method(concurrency_group="data")
+    def push(self, msg: Any, sender: tuple[str, int], seq: int,
+             target: tuple[str, int] | None = None) -> None:
+        self._task(target).push(msg, sender, seq)
+
+    @ray.method(concurrency_group="control")
+    def trigger_checkpoint(self, checkpoint_id: int, stop_after: bool = False) -> None:
+        self.head.trigger_checkpoint(checkpoint_id, stop_after)
+
+    @ray.method(concurrency_group="control")
+    def notify_complete(self, checkpoint_id: int) -> None:
+        for task in self.tasks.values():
+            task.notify_complete(checkpoint_id)
+
+    @ray.method(concurrency_group="control")
+    def stop(self) -> None:
+        self.head.stop()
+
+    @ray.method(concurrency_group="control")
+    def status(self, key: tuple[str, int] | None = None) -> dict:
+        return self._task(key).status()
+
+    @ray.method(concurrency_group="control")
+    def wait_done(self, timeout_s: float | None = None,
+                  key: tuple[str, int] | None = None) -> bool:
+        return self._task(key).wait_done(timeout_s)
+
+    @ray.method(concurrency_group="control")
+    def final(self, key: tuple[str, int] | None = None) -> dict:
+        return self._task(key).final()
 
     @ray.method(concurrency_group="control")
     def memory(self) -> dict:

@@ -21,7 +21,7 @@ from rayflow.errors import StepError
 from rayflow.metrics import StepCounters, latency_windows, summarize_latency
 from rayflow.operators.base import Rescaled, StepContext
 from rayflow.runtime.channel import unwrap
-from rayflow.runtime.plan import make_plan
+from rayflow.runtime.plan import chains, make_plan
 
 POLL_S = 0.5
 
@@ -32,6 +32,7 @@ class Job:
     def __init__(self, flow: Dataflow, config: RayflowConfig):
         self.flow, self.config = flow, config
         self.plan = make_plan(flow)
+        self.chains = chains(flow, config.stream.chaining)  # step -> the step it runs with
         self.state = "CREATED"
         self.error: BaseException | None = None
         self.hosts: dict[tuple[str, int], Any] = {}
@@ -79,7 +80,8 @@ class Job:
         handles_in = latest.handles if latest is not None else {}
         old_par = Counter(s for s, _ in handles_in)
         spread = _spread_nodes() if opts.scheduling_strategy == "SPREAD" else []
-        for n, key in enumerate(self.plan.instances()):
+        members: dict[tuple[str, int], list] = defaultdict(list)  # chain head -> its instances
+        for key in self.plan.instances():
             step_id, i = key
             step = steps[step_id]
             ctx = StepContext(step_id, i, step.parallelism, self.flow.name, backend,
@@ -91,6 +93,9 @@ class Job:
                                   n_old)
             if step.kind == "source" and key in positions:
                 resume = positions[key]  # at-most-once: never replay what already left
+            members[(self.chains[step_id], i)].append((step, ctx, resume))
+        for n, (head, group) in enumerate(members.items()):
+            step = steps[head[0]]
             # per-step overrides (e.g. .map(..., actor_num_cpus=1) for a heavy step, so the
             # autoscaler sees its demand) win over the job's stream options. SPREAD deals
             # instances round-robin over the nodes with CPUs (soft affinity: a full or lost
@@ -101,19 +106,22 @@ class Job:
                 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
                 strategy = NodeAffinitySchedulingStrategy(spread[n % len(spread)], soft=True)
-            self.hosts[key] = StepHost.options(
+            actor = StepHost.options(
                 num_cpus=step.options.get("actor_num_cpus", opts.actor_num_cpus),
                 scheduling_strategy=strategy,
-            ).remote(step, ctx, opts, self.flow.dead_letter_sink, resume, self.coordinator,
-                     chk.tick_s)
+            ).remote(group, opts, self.flow.dead_letter_sink, self.coordinator, chk.tick_s)
+            for _step, ctx, _resume in group:
+                self.hosts[(ctx.step_id, ctx.instance)] = actor
         handles: dict[str, list[Any]] = defaultdict(list)
-        for (step_id, _i), h in self.hosts.items():
-            handles[step_id].append(h)
+        for key in self.plan.instances():
+            handles[key[0]].append(self.hosts[key])
         sources = [k for k in self.hosts if steps[k[0]].kind == "source"]
         try:
             ray.get([
-                h.connect.remote(self.plan.outputs[key], dict(handles), self.plan.inputs[key])
-                for key, h in self.hosts.items()
+                self.hosts[head].connect.remote(
+                    {k: self.plan.outputs[k] for k in keys}, dict(handles),
+                    {k: self.plan.inputs[k] for k in keys})
+                for head, keys in self._members().items()
             ] + [self.coordinator.attach.remote(dict(self.hosts), sources, first_id, latest)])
         except Exception as exc:  # noqa: BLE001 - a step failed to build (bad config, no topic)
             self._teardown()
@@ -163,7 +171,8 @@ class Job:
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         while True:
             sinks = [k for k in self.hosts if self.flow.step(k[0]).kind == "sink"]
-            pending = list(self._runs) + [self.hosts[k].wait_done.remote() for k in sinks]
+            pending = list(self._runs) + [self.hosts[k].wait_done.remote(None, k)
+                                          for k in sinks]
             failure = None
             while pending and failure is None:
                 if deadline is not None and time.monotonic() > deadline:
@@ -203,8 +212,8 @@ class Job:
             self.state = "STOPPING"
             if savepoint:
                 cid = ray.get(self.coordinator.savepoint.remote(True, timeout_s or 60.0))
-                if cid is None:
-                    raise TimeoutError("the savepoint did not complete")
+                if not isinstance(cid, int):
+                    raise TimeoutError(f"the savepoint did not complete: {cid}")
             else:
                 ray.get([self.hosts[k].stop.remote() for k in self._runs.values()])
         return self.wait(timeout_s)
@@ -263,7 +272,7 @@ class Job:
         import ray
 
         try:
-            return all(ray.get([self.hosts[k].wait_done.remote(0) for k in keys], timeout=30))
+            return all(ray.get([self.hosts[k].wait_done.remote(0, k) for k in keys], timeout=30))
         except Exception:  # noqa: BLE001 - a sink is gone: not finished
             return False
 
@@ -271,7 +280,7 @@ class Job:
         """The first error any instance reports, or the error of a dead instance."""
         import ray
 
-        refs = [h.status.remote() for h in self.hosts.values()]
+        refs = [h.status.remote(k) for k, h in self.hosts.items()]
         for ref in refs:
             try:
                 st = ray.get(ref, timeout=30)
@@ -303,7 +312,7 @@ class Job:
         if self.coordinator is not None:
             self._latest = ray.get(self.coordinator.latest.remote())
             self._checkpoints = ray.get(self.coordinator.checkpoints.remote())
-        refs = {k: h.final.remote() for k, h in self.hosts.items()}
+        refs = {k: h.final.remote(k) for k, h in self.hosts.items()}
         self._finals = {}
         for k, ref in refs.items():
             try:
@@ -311,10 +320,25 @@ class Job:
             except Exception:  # noqa: BLE001 - an instance that died after finishing
                 continue
 
+    def actors(self) -> list[Any]:
+        """The job's step actors, one per chain of instances (``hosts`` maps every instance
+        to its actor)."""
+        seen: dict = {}
+        for h in self.hosts.values():
+            seen.setdefault(h._actor_id, h)
+        return list(seen.values())
+
+    def _members(self) -> dict[tuple[str, int], list[tuple[str, int]]]:
+        """Chain head instance -> the instances its actor runs, head first."""
+        out: dict[tuple[str, int], list[tuple[str, int]]] = defaultdict(list)
+        for key in self.plan.instances():
+            out[(self.chains[key[0]], key[1])].append(key)
+        return out
+
     def _teardown(self, keep_coordinator: bool = False) -> None:
         import ray
 
-        actors = list(self.hosts.values())
+        actors = self.actors()
         if not keep_coordinator and self.coordinator is not None:
             actors.append(self.coordinator)
             self.coordinator = None
@@ -346,7 +370,7 @@ class Job:
             import ray
 
             keys = list(self.hosts)
-            live = ray.get([self.hosts[k].status.remote() for k in keys])
+            live = ray.get([self.hosts[k].status.remote(k) for k in keys])
             per = {k: st["counters"] for k, st in zip(keys, live)}
         else:
             per = {k: f["counters"] for k, f in self._finals.items()}

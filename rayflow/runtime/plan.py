@@ -83,6 +83,54 @@ def make_plan(flow: Dataflow) -> Plan:
     return plan
 
 
+_ACTOR_OPTIONS = ("actor_num_cpus", "scheduling_strategy")
+
+
+def chains(flow: Dataflow, enabled: bool = True) -> dict[str, str]:
+    """Which step each step is chained to: ``{step_id: head step_id}`` (a head maps to itself).
+
+    Step D runs in the actor of its upstream U, instance i with instance i, as in Flink's
+    operator chaining, when the edge between them is one-to-one and nothing else needs a
+    channel there: D reads only U's main output, U feeds only D, their parallelism is equal
+    and the edge is ``forward`` (any partitioning when both have one instance), both ask for
+    the same actor options, and neither opts out (``start_new_chain=True`` on D,
+    ``disable_chaining=True`` on either).
+
+        >>> from rayflow.dataflow import Dataflow
+        >>> from rayflow.connectors.memory import MemorySource, CollectSink
+        >>> f = Dataflow("c"); s = f.source("s", MemorySource([1])).map("m", str)
+        >>> _ = s.key_by(str).map("k", str, parallelism=2).sink("out", CollectSink(), parallelism=2)
+        >>> chains(f)
+        {'s': 's', 'm': 's', 'k': 'k', 'out': 'k'}
+    """
+    steps = {s.step_id: s for s in flow.steps}
+    consumers: dict[str, int] = {sid: 0 for sid in steps}
+    for s in flow.steps:
+        for e in s.inputs:
+            consumers[e.upstream] += 1
+    head: dict[str, str] = {}
+    for sid in _topological(flow):
+        d = steps[sid]
+        head[sid] = sid
+        if not enabled or d.kind == "source" or len(d.inputs) != 1:
+            continue
+        e = d.inputs[0]
+        u = steps[e.upstream]
+        if u.kind == "sink" or e.port != "main" or consumers[u.step_id] != 1:
+            continue
+        if u.parallelism != d.parallelism:
+            continue
+        if e.partitioning != "forward" and d.parallelism != 1:
+            continue
+        if d.options.get("start_new_chain") or d.options.get("disable_chaining") or \
+                u.options.get("disable_chaining"):
+            continue
+        if any(u.options.get(k) != d.options.get(k) for k in _ACTOR_OPTIONS):
+            continue
+        head[sid] = head[u.step_id]
+    return head
+
+
 def _topological(flow: Dataflow) -> list[str]:
     done: list[str] = []
     seen: set[str] = set()

@@ -15,7 +15,10 @@ def _run(flow, **stream):
     return flow.run(stream=stream or {}, timeout_s=120)
 
 
-def test_map_filter_flat_map_exact_output(ray_session):
+@pytest.mark.parametrize("chaining", [True, False])
+def test_map_filter_flat_map_exact_output(ray_session, chaining):
+    """Chained (one actor for the five steps, plain calls between them) or not (five actors,
+    channels between them): the same records, the same per-step counters."""
     lines = [f"w{i % 7} w{i % 3} x" for i in range(3000)]
     f = rf.Dataflow("exact")
     (f.source("in", rf.MemorySource(lines))
@@ -23,7 +26,10 @@ def test_map_filter_flat_map_exact_output(ray_session):
       .filter("no_x", lambda w: w != "x")
       .map("upper", str.upper)
       .sink("out", rf.CollectSink()))
-    job = _run(f, batch_size=256)
+    job = f.run(stream={"batch_size": 256, "chaining": chaining}, timeout_s=120,
+                background=True)
+    assert len(job.actors()) == (1 if chaining else 5)
+    job.wait(120)
     expected = [w.upper() for line in lines for w in line.split() if w != "x"]
     assert job.collect("out") == expected  # one instance per step: order is kept
     m = job.metrics()
@@ -117,8 +123,10 @@ def test_slow_sink_backpressures_the_source(ray_session):
     batch = 1000
     payload = b"x" * 1000  # ~1 MB per batch
     f = rf.Dataflow("bp")
+    # three actors: channels between actors are what this test measures (chained steps
+    # would call each other directly, and a slow sink would simply slow its caller)
     (f.source("in", rf.GeneratorSource(lambda i: payload, count=200 * batch))
-      .map("id", lambda x: x)
+      .map("id", lambda x: x, disable_chaining=True)
       .sink("out", _SlowSink()))
     job = rf.run(f, background=True,
                  stream={"batch_size": batch, "channel_bytes": 4 * 2**20, "channel_calls": 64})
