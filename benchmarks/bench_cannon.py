@@ -5,8 +5,9 @@ Usage: ``python benchmarks/bench_cannon.py [--quick]``
 Matrices are distributed into the object store before timing (as in the study). Every rank
 and task runs one BLAS thread (threadpoolctl), and numpy's ``A @ B`` in this process with one
 thread is the BLAS limit. Times are medians of ``--reps`` runs on gangs started beforehand;
-the gang start is reported separately. mpi4py, Dask and pyspark run as peers only when
-installed (they are not, here, unless the table says otherwise).
+the gang start is reported separately. Peers, when installed (``pip install -e ".[peers]"``):
+mpi4py Cannon under mpiexec (MPICH) and Dask's blocked matmul, on the same matrices, same
+grid, one BLAS thread per rank (:mod:`peers`). pyspark is not installed here.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import click  # noqa: E402
 import numpy as np  # noqa: E402
+import peers  # noqa: E402
 from _common import machine_info, print_table, ratio, write_result  # noqa: E402
 
 PUBLISHED = "Blaze Cannon 57-68% faster than Spark MLlib BlockMatrix.multiply (20,160^2 on n^2 cores)"
@@ -89,7 +91,9 @@ def run(sizes: list[int], grids: list[int], reps: int, backends: list[str]) -> d
                     out = shuffle_matmul(A, B, blas_threads=1, num_cpus=1)
                     ray.wait(list(out.refs), num_returns=len(out.refs), fetch_local=False)
 
-                data[n] = (A, B, _time(shuffle, reps)[0])
+                peer_mpi = peers.mpi("cannon", p * p, n, reps)
+                peer_dask = peers.dask_matmul(a, b, p, reps)
+                data[n] = (A, B, _time(shuffle, reps)[0], peer_mpi, peer_dask)
             for backend in backends:
                 t0 = time.perf_counter()
                 g = gangs[backend] = Gang(p * p, backend=backend, rank_num_cpus=1,
@@ -98,7 +102,9 @@ def run(sizes: list[int], grids: list[int], reps: int, backends: list[str]) -> d
                             "ranks": p * p})
                 for n in sizes:
                     a, b, ref, t_np = mats[n]
-                    A, B, t_sh = data[n]
+                    A, B, t_sh, peer_mpi, peer_dask = data[n]
+                    t_mpi = peer_mpi["median_s"] if peer_mpi else None
+                    t_dask = peer_dask["median_s"] if peer_dask else None
                     flops, data_bytes = 2.0 * n**3, 3 * n * n * 8
                     last = {}
 
@@ -118,13 +124,19 @@ def run(sizes: list[int], grids: list[int], reps: int, backends: list[str]) -> d
                         "speedup_vs_shuffle": ratio(t_sh, t_c),
                         "improvement_vs_shuffle_pct": round(100 * (t_sh - t_c) / t_sh, 1),
                         "vs_numpy_time_ratio": ratio(t_c, t_np),
+                        "mpi4py_s": t_mpi, "dask_s": t_dask,
+                        "vs_mpi4py_time_ratio": ratio(t_c, t_mpi) if t_mpi else None,
+                        "vs_dask_time_ratio": ratio(t_c, t_dask) if t_dask else None,
+                        "peer_errors": {"mpi4py": peer_mpi and peer_mpi["rel_error_f64"],
+                                        "dask": peer_dask and peer_dask["rel_error_f64"]},
                         "rel_error_f64": err,
                         "max_rank_rss_mib": max(rss) / 2**20,
                         "sum_rank_rss_over_data": ratio(sum(rss), data_bytes),
                         "runs_s": all_t,
                     })
                     print(f"n={n} ranks={p * p} {backend}: cannon {t_c:.3f}s "
-                          f"shuffle {t_sh:.3f}s numpy {t_np:.3f}s err {err:.1e}", flush=True)
+                          f"shuffle {t_sh:.3f}s numpy {t_np:.3f}s mpi4py {t_mpi} dask {t_dask} "
+                          f"err {err:.1e}", flush=True)
                 g.shutdown()
                 del gangs[backend]
         # Recovery: one rank killed mid-stage vs the failure-free run, both on fresh gangs.
@@ -165,11 +177,12 @@ def main(quick: bool, reps: int, backends: tuple[str, ...]) -> None:
     chosen = list(backends) or (["ray", "gloo"] if gloo_available() else ["ray"])
     res = run(sizes, [1, 2], reps, chosen)
     header = ["n", "ranks", "backend", "cannon GF/s", "shuffle GF/s", "numpy GF/s",
-              "x shuffle", "improv %", "t/numpy", "rel err", "RSS/data"]
+              "x shuffle", "improv %", "t/numpy", "t/mpi4py", "t/dask", "rel err", "RSS/data"]
     print_table("Cannon vs shuffle (MLlib algorithm) vs numpy, 1 BLAS thread per rank", header, [
         [r["n"], r["ranks"], r["backend"], r["cannon_gflops"], r["shuffle_gflops"],
          r["numpy_gflops"], r["speedup_vs_shuffle"], r["improvement_vs_shuffle_pct"],
-         r["vs_numpy_time_ratio"], r["rel_error_f64"], r["sum_rank_rss_over_data"]]
+         r["vs_numpy_time_ratio"], r["vs_mpi4py_time_ratio"], r["vs_dask_time_ratio"],
+         r["rel_error_f64"], r["sum_rank_rss_over_data"]]
         for r in res["rows"]
     ])
     print(f"\npublished: {PUBLISHED}")

@@ -21,6 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import click  # noqa: E402
 import numpy as np  # noqa: E402
+import peers  # noqa: E402
 from _common import machine_info, print_table, ratio, write_result  # noqa: E402
 
 PUBLISHED = ("Blaze CG 51-94% faster per iteration than the Spark broadcast baseline "
@@ -71,8 +72,11 @@ def run(sizes: list[int], ranks: int, iters: int, reps: int, backends: list[str]
         B = BlockDataset.from_numpy(b, ranks)
         bc = [broadcast_cg(A, b, workers=ranks, tol=0.0, max_iter=iters).ms_per_iteration
               for _ in range(reps)]
-        base[n] = (A, B, x_np, median(ts), median(bc))
-        print(f"n={n}: numpy {median(ts):.2f} ms/it, broadcast {median(bc):.2f} ms/it", flush=True)
+        peer = peers.mpi("cg", ranks, n, reps, iters)
+        t_mpi = peer["ms_per_it"] if peer else None
+        base[n] = (A, B, x_np, median(ts), median(bc), t_mpi)
+        print(f"n={n}: numpy {median(ts):.2f} ms/it, broadcast {median(bc):.2f} ms/it, "
+              f"mpi4py {t_mpi} ms/it", flush=True)
     for backend in backends:
         with Gang(ranks, backend=backend, rank_num_cpus=1, blas_threads=1,
                   gang_timeout_s=120) as g:
@@ -81,7 +85,7 @@ def run(sizes: list[int], ranks: int, iters: int, reps: int, backends: list[str]
             lat.append({"backend": backend, "ranks": ranks, "allreduce_scalar_ms": l_ms[0],
                         "allreduce_8MiB_ms": l_ms[1]})
             for n in sizes:
-                A, B, x_np, t_np, t_bc = base[n]
+                A, B, x_np, t_np, t_bc, t_mpi = base[n]
                 runs = [cg_solve(A, B, tol=0.0, max_iter=iters, gang=g) for _ in range(reps)]
                 t = median(r.ms_per_iteration for r in runs)
                 diff = float(np.abs(runs[0].x - x_np).max() / np.abs(x_np).max())
@@ -91,6 +95,8 @@ def run(sizes: list[int], ranks: int, iters: int, reps: int, backends: list[str]
                     "speedup_vs_broadcast": ratio(t_bc, t),
                     "improvement_vs_broadcast_pct": round(100 * (t_bc - t) / t_bc, 1),
                     "vs_numpy_ratio": ratio(t, t_np), "rel_diff_vs_numpy_x": diff,
+                    "mpi4py_ms_per_it": t_mpi,
+                    "vs_mpi4py_ratio": ratio(t, t_mpi) if t_mpi else None,
                     "max_rank_rss_mib": max(runs[-1].stage.rank_maxrss_bytes) / 2**20,
                     "matrix_mib": n * n * 8 / 2**20,
                 })
@@ -113,11 +119,12 @@ def main(quick: bool, ranks: int, iters: int, reps: int, backends: tuple[str, ..
     chosen = list(backends) or (["ray", "gloo"] if gloo_available() else ["ray"])
     res = run(sizes, ranks, iters, reps, chosen)
     print_table(f"CG ms/iteration, {ranks} ranks, {iters} iterations, 1 BLAS thread per rank",
-                ["n", "backend", "rayflow", "broadcast", "numpy", "x bcast", "improv %",
-                 "t/numpy", "rel diff"],
+                ["n", "backend", "rayflow", "broadcast", "numpy", "mpi4py", "x bcast", "improv %",
+                 "t/numpy", "t/mpi4py", "rel diff"],
                 [[r["n"], r["backend"], r["rayflow_ms_per_it"], r["broadcast_ms_per_it"],
-                  r["numpy_ms_per_it"], r["speedup_vs_broadcast"],
-                  r["improvement_vs_broadcast_pct"], r["vs_numpy_ratio"], r["rel_diff_vs_numpy_x"]]
+                  r["numpy_ms_per_it"], r["mpi4py_ms_per_it"], r["speedup_vs_broadcast"],
+                  r["improvement_vs_broadcast_pct"], r["vs_numpy_ratio"], r["vs_mpi4py_ratio"],
+                  r["rel_diff_vs_numpy_x"]]
                  for r in res["rows"]])
     print_table("allreduce latency (ms)", ["backend", "ranks", "scalar", "8 MiB"],
                 [[x["backend"], x["ranks"], x["allreduce_scalar_ms"], x["allreduce_8MiB_ms"]]

@@ -130,8 +130,9 @@ def mpimap(
         while True:
             if not g.started:
                 # inputs first: block-building tasks need CPUs that a placed gang would hold
-                ray.wait([r for ds in datasets for r in ds.refs],
-                         num_returns=sum(len(ds.refs) for ds in datasets), fetch_local=False)
+                # (unique refs: the same dataset may come twice, as in A @ A)
+                refs = list(dict.fromkeys(r for ds in datasets for r in ds.refs))
+                ray.wait(refs, num_returns=len(refs), fetch_local=False)
                 g.start()
                 info.gang_starts += 1
             stage_id = uuid.uuid4().hex[:12]

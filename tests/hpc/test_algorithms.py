@@ -48,6 +48,15 @@ def test_cannon_3x3_ragged_from_generated_blocks(gang9):
     np.testing.assert_allclose(got, a_full @ b_full, rtol=1e-12, atol=1e-12)
 
 
+def test_cannon_of_a_dataset_with_itself_on_its_own_gang(ray_session):
+    """A @ A: the skewed inputs share blocks (the same object refs twice) when the stage
+    starts its own gang."""
+    a, _ = _mats(10, 10, 10, seed=3)
+    A = BlockDataset.from_numpy(a, (2, 2))
+    got = cannon_matmul(A, A, rank_num_cpus=0.25).to_numpy()
+    np.testing.assert_allclose(got, a @ a, rtol=1e-12, atol=1e-12)
+
+
 def test_cannon_single_rank(ray_session):
     a, b = _mats(6, 6, 6)
     np.testing.assert_allclose(cannon_matmul(a, b, ranks=1, rank_num_cpus=0.5).to_numpy(), a @ b)
