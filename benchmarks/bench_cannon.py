@@ -69,7 +69,9 @@ def run(sizes: list[int], grids: list[int], reps: int, backends: list[str]) -> d
     # shuffle tasks, so both get the same parallelism.
     ensure_ray(None, num_cpus=8)
     blas = [i.get("architecture") for i in threadpool_info() if i.get("user_api") == "blas"]
-    rows, raw = [], []
+    from rayflow.memprobe import MemoryProbe
+
+    rows, raw, memory = [], [], []
     gangs: dict = {}
     mats = {}
     for n in sizes:
@@ -95,6 +97,9 @@ def run(sizes: list[int], grids: list[int], reps: int, backends: list[str]) -> d
                 peer_dask = peers.dask_matmul(a, b, p, reps)
                 data[n] = (A, B, _time(shuffle, reps)[0], peer_mpi, peer_dask)
             for backend in backends:
+                # job memory beyond the inputs (already in the object store): rank processes'
+                # USS above the idle Ray plus the store's growth (outputs, messages)
+                probe = MemoryProbe(interval_s=0.1).start() if p == max(grids) else None
                 t0 = time.perf_counter()
                 g = gangs[backend] = Gang(p * p, backend=backend, rank_num_cpus=1,
                                           blas_threads=1, gang_timeout_s=120).start()
@@ -137,6 +142,17 @@ def run(sizes: list[int], grids: list[int], reps: int, backends: list[str]) -> d
                     print(f"n={n} ranks={p * p} {backend}: cannon {t_c:.3f}s "
                           f"shuffle {t_sh:.3f}s numpy {t_np:.3f}s mpi4py {t_mpi} dask {t_dask} "
                           f"err {err:.1e}", flush=True)
+                if probe is not None:
+                    mem = probe.stop()
+                    n = max(sizes)
+                    inputs, data_bytes = 2 * n * n * 8, 3 * n * n * 8
+                    extra = (mem["uss_peak_above_idle_mb"] + mem["object_store_peak_mb"]) * 1e6
+                    memory.append({"n": n, "ranks": p * p, "backend": backend,
+                                   "uss_above_idle_mb": mem["uss_peak_above_idle_mb"],
+                                   "store_growth_mb": mem["object_store_peak_mb"],
+                                   "data_mb": round(data_bytes / 1e6, 1),
+                                   "peak_over_data": ratio(inputs + extra, data_bytes)})
+                    print(f"memory: {memory[-1]}", flush=True)
                 g.shutdown()
                 del gangs[backend]
         # Recovery: one rank killed mid-stage vs the failure-free run, both on fresh gangs.
@@ -162,6 +178,7 @@ def run(sizes: list[int], grids: list[int], reps: int, backends: list[str]) -> d
         for g in gangs.values():
             g.shutdown()
     return {"rows": rows, "gang_starts": raw, "recovery": recovery, "blas_kernel": blas,
+            "memory": memory,
             "peers": _peers(), "published": PUBLISHED}
 
 
