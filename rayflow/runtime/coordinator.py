@@ -23,6 +23,7 @@ class CoordinatorActor:
         self.positions: dict[tuple[str, int], Any] = {}
         self.history: list[dict] = []
         self._stop_waiters: dict[int, threading.Event] = {}
+        self._aborted: dict[int, str] = {}  # savepoints aborted, and why
         self._running = True
         threading.Thread(target=self._loop, daemon=True).start()
 
@@ -91,13 +92,16 @@ class CoordinatorActor:
                             f"without acks from {self._missing(core)}")
             time.sleep(0.02)
         if done.wait(timeout_s):
-            return cid
+            reason = self._aborted.pop(cid, None)
+            return cid if reason is None else f"savepoint {cid} aborted: {reason}"
         with self.lock:
             core = self.core
             if core is not None and core.pending is not None and \
                     core.pending.checkpoint_id == cid:
                 return f"savepoint {cid} got no acks from {self._missing(core)}"
-        return f"savepoint {cid} was aborted (see job.checkpoints())"
+            status = next((h["status"] for h in reversed(self.history + (
+                core.history if core else [])) if h["id"] == cid), "aborted")
+        return f"savepoint {cid}: {status}"
 
     @staticmethod
     def _missing(core: Coordinator) -> list:
@@ -134,4 +138,7 @@ class CoordinatorActor:
                 if ev is not None:
                     ev.set()
             elif isinstance(act, Abort):
-                self._stop_waiters.pop(act.checkpoint_id, None)
+                ev = self._stop_waiters.pop(act.checkpoint_id, None)
+                if ev is not None:  # a savepoint waiting for it: it has its answer
+                    self._aborted[act.checkpoint_id] = act.reason
+                    ev.set()

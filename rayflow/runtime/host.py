@@ -70,6 +70,7 @@ class StepTask:
         self._drain = True  # end of stream flushes open windows, unless after a savepoint
         self._last_tick = 0.0
         self._snapshots: list[tuple[int, Any]] = []  # this instance's, not yet subsumed
+        self._acks: list = []  # acks sent to the coordinator and maybe not yet handled
         self.emitter: Emitter | None = None
         self._ray_metrics = _RayMetrics(ctx)
         if step.kind == "source":
@@ -151,7 +152,7 @@ class StepTask:
             emitter.emit_eos(self._drain)
             emitter.drain()
             if self.coordinator is not None:
-                self.coordinator.task_finished.remote(self._key())
+                self._task_finished()
         except BaseException as exc:
             self._fail(exc)
             raise self._error from None
@@ -307,7 +308,16 @@ class StepTask:
 
     def _ack(self, checkpoint_id: int, handle: Any) -> None:
         if self.coordinator is not None:
-            self.coordinator.ack.remote(checkpoint_id, self._key(), handle)
+            self._acks = [r for r in self._acks if not ray.wait([r], timeout=0)[0]]
+            self._acks.append(self.coordinator.ack.remote(checkpoint_id, self._key(), handle))
+
+    def _task_finished(self) -> None:
+        # The coordinator runs calls on several threads, so an ack sent just before this
+        # could be handled after it, and the checkpoint (a savepoint, often) would be aborted
+        # for a task that did ack: the acks must have landed first.
+        ray.get(self._acks)
+        self._acks = []
+        self.coordinator.task_finished.remote(self._key())
 
     def _key(self) -> tuple[str, int]:
         return (self.ctx.step_id, self.ctx.instance)
@@ -347,7 +357,7 @@ class StepTask:
             self._dead_writer.flush()
         self._sync_emitter()
         if self.coordinator is not None:
-            self.coordinator.task_finished.remote(self._key())
+            self._task_finished()
         self._done.set()
 
     def _dead_letters(self, dead: list[DeadLetter], force: bool = False) -> None:
