@@ -57,6 +57,30 @@ def _cannon_with_fault(comm, a, b):
     return cannon_rank(comm, a, b)
 
 
+def _job_memory(inputs: tuple, p: int, backend: str) -> dict:
+    """One Cannon run on a fresh gang, sampled: the stage's processes (USS above the idle Ray,
+    so the rank processes count whole) plus the object store's growth, beside the inputs
+    already in the store; over the bytes of A, B and C."""
+    from rayflow.hpc import Gang, cannon_matmul
+    from rayflow.memprobe import MemoryProbe
+
+    A, B = inputs
+    n = A.shape[0]
+    with MemoryProbe(interval_s=0.1) as probe:
+        with Gang(p * p, backend=backend, rank_num_cpus=1, blas_threads=1,
+                  gang_timeout_s=120) as g:
+            c = cannon_matmul(A, B, gang=g)
+            del c
+    mem = probe.report()
+    in_bytes, data_bytes = 2 * n * n * 8, 3 * n * n * 8
+    extra = (mem["uss_peak_above_idle_mb"] + mem["object_store_peak_mb"]) * 1e6
+    return {"n": n, "ranks": p * p, "backend": backend,
+            "uss_above_idle_mb": mem["uss_peak_above_idle_mb"],
+            "store_growth_mb": mem["object_store_peak_mb"],
+            "data_mb": round(data_bytes / 1e6, 1),
+            "peak_over_data": ratio(in_bytes + extra, data_bytes)}
+
+
 def run(sizes: list[int], grids: list[int], reps: int, backends: list[str]) -> dict:
     import ray
     from threadpoolctl import threadpool_info, threadpool_limits
@@ -69,8 +93,6 @@ def run(sizes: list[int], grids: list[int], reps: int, backends: list[str]) -> d
     # shuffle tasks, so both get the same parallelism.
     ensure_ray(None, num_cpus=8)
     blas = [i.get("architecture") for i in threadpool_info() if i.get("user_api") == "blas"]
-    from rayflow.memprobe import MemoryProbe
-
     rows, raw, memory = [], [], []
     gangs: dict = {}
     mats = {}
@@ -97,9 +119,6 @@ def run(sizes: list[int], grids: list[int], reps: int, backends: list[str]) -> d
                 peer_dask = peers.dask_matmul(a, b, p, reps)
                 data[n] = (A, B, _time(shuffle, reps)[0], peer_mpi, peer_dask)
             for backend in backends:
-                # job memory beyond the inputs (already in the object store): rank processes'
-                # USS above the idle Ray plus the store's growth (outputs, messages)
-                probe = MemoryProbe(interval_s=0.1).start() if p == max(grids) else None
                 t0 = time.perf_counter()
                 g = gangs[backend] = Gang(p * p, backend=backend, rank_num_cpus=1,
                                           blas_threads=1, gang_timeout_s=120).start()
@@ -142,19 +161,11 @@ def run(sizes: list[int], grids: list[int], reps: int, backends: list[str]) -> d
                     print(f"n={n} ranks={p * p} {backend}: cannon {t_c:.3f}s "
                           f"shuffle {t_sh:.3f}s numpy {t_np:.3f}s mpi4py {t_mpi} dask {t_dask} "
                           f"err {err:.1e}", flush=True)
-                if probe is not None:
-                    mem = probe.stop()
-                    n = max(sizes)
-                    inputs, data_bytes = 2 * n * n * 8, 3 * n * n * 8
-                    extra = (mem["uss_peak_above_idle_mb"] + mem["object_store_peak_mb"]) * 1e6
-                    memory.append({"n": n, "ranks": p * p, "backend": backend,
-                                   "uss_above_idle_mb": mem["uss_peak_above_idle_mb"],
-                                   "store_growth_mb": mem["object_store_peak_mb"],
-                                   "data_mb": round(data_bytes / 1e6, 1),
-                                   "peak_over_data": ratio(inputs + extra, data_bytes)})
-                    print(f"memory: {memory[-1]}", flush=True)
                 g.shutdown()
                 del gangs[backend]
+                if p == max(grids):  # untimed: sampling every process's smaps costs CPU
+                    memory.append(_job_memory(data[max(sizes)][:2], p, backend))
+                    print(f"memory: {memory[-1]}", flush=True)
         # Recovery: one rank killed mid-stage vs the failure-free run, both on fresh gangs.
         n_rec, p_rec = sizes[0], max(grids)
         rng = np.random.default_rng(1)

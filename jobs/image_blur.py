@@ -28,7 +28,7 @@ from rayflow.operators.image import GaussianBlur
 
 # Channels hold at most 4 batches and 16 MiB each: the paper's fix for Storm was bounded
 # queues of 2–4 images; byte bounds keep 1200 px images as cheap to hold as 50 px ones. A
-# batch is at most 256 files and at most 4 MiB of files (DirectorySource.max_batch_bytes).
+# batch is at most 256 files and at most 1 MiB of files (see build_flow).
 IMAGE_STREAM = {"batch_size": 256, "channel_calls": 4, "channel_bytes": 16 << 20}
 
 # Settings for a local Ray, measured with benchmarks/bench_images.py: the raylet frees dead
@@ -61,7 +61,9 @@ def build_flow(input_dir: str, *, output_dir: str | None = None, readers: int = 
     """
     flow = rf.Dataflow("image_blur")
     decoders = decoders or readers
-    s = flow.source("read", DirectorySource(input_dir, pattern, watch=watch), parallelism=readers)
+    # 1 MiB of files per batch: one 1200 px image at a time, a few hundred small ones
+    s = flow.source("read", DirectorySource(input_dir, pattern, watch=watch,
+                                            max_batch_bytes=1 << 20), parallelism=readers)
     if decoders != readers:
         s = s.rebalance()
     s = s.apply("decode", DecodeImage(channels=channels, max_pixels=max_pixels),
