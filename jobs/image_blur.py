@@ -26,10 +26,10 @@ from rayflow.connectors.images import (
 )
 from rayflow.operators.image import GaussianBlur
 
-# Channels hold at most 4 batches and 16 MiB each: the paper's fix for Storm was bounded
+# Channels hold at most 4 batches and 8 MiB each: the paper's fix for Storm was bounded
 # queues of 2–4 images; byte bounds keep 1200 px images as cheap to hold as 50 px ones. A
 # batch is at most 256 files and at most 1 MiB of files (see build_flow).
-IMAGE_STREAM = {"batch_size": 256, "channel_calls": 4, "channel_bytes": 16 << 20}
+IMAGE_STREAM = {"batch_size": 256, "channel_calls": 4, "channel_bytes": 8 << 20}
 
 # Settings for a local Ray, measured with benchmarks/bench_images.py: the raylet frees dead
 # objects every 100 ms instead of every second (at 1200 px a second of traffic is ~300 MB of
