@@ -6,6 +6,9 @@ batch under both limits (bytes and calls): that wait is backpressure, and it is 
 Because an instance's own ``push`` does not return while it waits, a slow step stalls its
 producers all the way back to the sources, and memory stays bounded by the windows.
 A batch larger than the whole byte window still goes out alone, so nothing deadlocks.
+
+A channel to an instance chained into the same actor is a plain call instead: the receiver
+handles the message in the sender's thread before ``emit`` returns, so it needs no window.
 """
 
 from __future__ import annotations
