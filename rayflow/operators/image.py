@@ -228,8 +228,9 @@ class _Filter(OperatorSpec):
 
     @property
     def window(self) -> tuple[int, int]:
-        """(height, width) of the window."""
-        raise NotImplementedError
+        """(height, width) of the window: ``ksize`` (int, or OpenCV's (width, height))."""
+        w, h = _pair(self.ksize)
+        return h, w
 
     @property
     def halo(self) -> Halo:
@@ -343,11 +344,6 @@ class GaussianBlur(_Filter):
         if w < 1 or h < 1 or w % 2 == 0 or h % 2 == 0:
             raise ValueError(f"GaussianBlur: ksize must be odd and positive, got {self.ksize!r}")
 
-    @property
-    def window(self) -> tuple[int, int]:
-        w, h = _pair(self.ksize)
-        return h, w
-
     def apply(self, image: np.ndarray) -> np.ndarray:
         import cv2
 
@@ -376,11 +372,6 @@ class BoxFilter(_Filter):
         w, h = _pair(self.ksize)
         if w < 1 or h < 1:
             raise ValueError(f"BoxFilter: ksize must be positive, got {self.ksize!r}")
-
-    @property
-    def window(self) -> tuple[int, int]:
-        w, h = _pair(self.ksize)
-        return h, w
 
     def apply(self, image: np.ndarray) -> np.ndarray:
         import cv2
@@ -412,10 +403,6 @@ class MedianBlur(_Filter):
         super().__post_init__()
         if self.ksize < 3 or self.ksize % 2 == 0:
             raise ValueError(f"MedianBlur: ksize must be odd and >= 3, got {self.ksize!r}")
-
-    @property
-    def window(self) -> tuple[int, int]:
-        return self.ksize, self.ksize
 
     def apply(self, image: np.ndarray) -> np.ndarray:
         import cv2
