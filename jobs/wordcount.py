@@ -18,6 +18,8 @@ from dataclasses import dataclass
 import click
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.json as pj
 
 import rayflow as rf
 from rayflow.connectors.broker import bootstrap_or_embedded
@@ -62,15 +64,10 @@ def parse_batch(records: list[bytes]) -> pa.Table | None:
     """Vectorized :func:`parse` of a batch: Arrow's JSON reader and whitespace split (C++).
     None when any record needs the record-by-record path (oversize, malformed, not an object,
     a missing or mistyped field): that path finds the bad ones and says why."""
-    import io
-
-    import pyarrow.compute as pc
-    import pyarrow.json as pj
-
     if not records or max(map(len, records)) > MAX_RECORD_BYTES:
         return None
     try:
-        t = pj.read_json(io.BytesIO(b"\n".join(records)), parse_options=pj.ParseOptions(
+        t = pj.read_json(pa.BufferReader(b"\n".join(records)), parse_options=pj.ParseOptions(
             explicit_schema=_SCHEMA, unexpected_field_behavior="infer"))
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
         return None

@@ -80,14 +80,13 @@ def cg_rank(
     pieces = comm.allgather(np.asarray(b_block))
     lo = sum(len(piece) for piece in pieces[:comm.rank])
     hi = lo + len(pieces[comm.rank])
-
-    n = hi + sum(len(piece) for piece in pieces[comm.rank + 1:])
+    b = np.concatenate(pieces)  # replicated, as x, r and p will be
 
     def matvec(v: np.ndarray) -> np.ndarray:
         # full v in, full A v out: the one collective. An allreduce of the pieces at their
         # offsets (zeros elsewhere, so the sum is exact) is one round of the native backend;
         # an allgather of arrays is two (sizes, then data).
-        buf = np.zeros(n, dtype=np.result_type(a_block.dtype, v.dtype))
+        buf = np.zeros(len(b), dtype=np.result_type(a_block.dtype, v.dtype))
         buf[lo:hi] = a_block @ v
         return comm.allreduce(buf)
 
@@ -102,7 +101,6 @@ def cg_rank(
         store.save.options(num_returns=0).remote(comm.rank, st.copy())
 
     hook = None if on_iteration is None else (lambda k: on_iteration(comm, k))
-    b = np.concatenate(pieces)
     t0 = time.perf_counter()
     x, history, st = conjugate_gradient(
         matvec, np.dot, b, tol=tol, max_iter=max_iter, state=state,

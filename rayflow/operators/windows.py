@@ -371,7 +371,7 @@ class _CountLogic(_StatefulLogic):
             k0 = len(starts)
             starts.append(g0)
             starts.extend(range(g0 + size - prev[0], g0 + m, size))
-            plan.append((key, prev, k0, len(starts), g0 + m))
+            plan.append((key, prev, k0, len(starts)))
         bounds = np.asarray(starts, dtype=np.int64)
         try:
             accs = agg.reduce_segments(items.take(order), bounds)
@@ -382,7 +382,7 @@ class _CountLogic(_StatefulLogic):
         ends = np.append(bounds[1:], len(order))
         out: list = []
         closes: list[int] = []  # where each closed window closed in the input (output order)
-        for key, (n, acc, seq), k0, k1, _end in plan:
+        for key, (n, acc, seq), k0, k1 in plan:
             for k in range(k0, k1):
                 seg_acc, seg_n = accs[k], int(ends[k] - bounds[k])
                 acc = seg_acc if acc is None or not n else agg.merge(acc, seg_acc)

@@ -43,7 +43,7 @@ class CoordinatorActor:
         with self.lock:
             if self.core is None:
                 return {"latest": None, "next_id": 1, "positions": dict(self.positions)}
-            self.core.failure(time.time())
+            self._do(self.core.failure(time.time()))  # a savepoint waiting gets its answer
             out = {"latest": self.core.latest, "next_id": self.core.next_id,
                    "positions": dict(self.positions)}
             self.history.extend(self.core.history)
@@ -96,12 +96,9 @@ class CoordinatorActor:
             return cid if reason is None else f"savepoint {cid} aborted: {reason}"
         with self.lock:
             core = self.core
-            if core is not None and core.pending is not None and \
-                    core.pending.checkpoint_id == cid:
-                return f"savepoint {cid} got no acks from {self._missing(core)}"
-            status = next((h["status"] for h in reversed(self.history + (
-                core.history if core else [])) if h["id"] == cid), "aborted")
-        return f"savepoint {cid}: {status}"
+            missing = self._missing(core) if core is not None and core.pending is not None \
+                else []
+        return f"savepoint {cid} not complete after {timeout_s:.0f} s; no acks from {missing}"
 
     @staticmethod
     def _missing(core: Coordinator) -> list:

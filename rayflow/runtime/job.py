@@ -80,7 +80,7 @@ class Job:
         handles_in = latest.handles if latest is not None else {}
         old_par = Counter(s for s, _ in handles_in)
         spread = _spread_nodes() if opts.scheduling_strategy == "SPREAD" else []
-        members: dict[tuple[str, int], list] = defaultdict(list)  # chain head -> its instances
+        built: dict[tuple[str, int], tuple] = {}  # instance -> (step, ctx, resume)
         for key in self.plan.instances():
             step_id, i = key
             step = steps[step_id]
@@ -93,8 +93,9 @@ class Job:
                                   n_old)
             if step.kind == "source" and key in positions:
                 resume = positions[key]  # at-most-once: never replay what already left
-            members[(self.chains[step_id], i)].append((step, ctx, resume))
-        for n, (head, group) in enumerate(members.items()):
+            built[key] = (step, ctx, resume)
+        members = self._members()
+        for n, (head, keys) in enumerate(members.items()):
             step = steps[head[0]]
             # per-step overrides (e.g. .map(..., actor_num_cpus=1) for a heavy step, so the
             # autoscaler sees its demand) win over the job's stream options. SPREAD deals
@@ -109,9 +110,10 @@ class Job:
             actor = StepHost.options(
                 num_cpus=step.options.get("actor_num_cpus", opts.actor_num_cpus),
                 scheduling_strategy=strategy,
-            ).remote(group, opts, self.flow.dead_letter_sink, self.coordinator, chk.tick_s)
-            for _step, ctx, _resume in group:
-                self.hosts[(ctx.step_id, ctx.instance)] = actor
+            ).remote([built[k] for k in keys], opts, self.flow.dead_letter_sink,
+                     self.coordinator, chk.tick_s)
+            for k in keys:
+                self.hosts[k] = actor
         handles: dict[str, list[Any]] = defaultdict(list)
         for key in self.plan.instances():
             handles[key[0]].append(self.hosts[key])
@@ -121,7 +123,7 @@ class Job:
                 self.hosts[head].connect.remote(
                     {k: self.plan.outputs[k] for k in keys}, dict(handles),
                     {k: self.plan.inputs[k] for k in keys})
-                for head, keys in self._members().items()
+                for head, keys in members.items()
             ] + [self.coordinator.attach.remote(dict(self.hosts), sources, first_id, latest)])
         except Exception as exc:  # noqa: BLE001 - a step failed to build (bad config, no topic)
             self._teardown()
