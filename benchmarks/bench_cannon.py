@@ -7,7 +7,9 @@ and task runs one BLAS thread (threadpoolctl), and numpy's ``A @ B`` in this pro
 thread is the BLAS limit. Times are medians of ``--reps`` runs on gangs started beforehand;
 the gang start is reported separately. Peers, when installed (``pip install -e ".[peers]"``):
 mpi4py Cannon under mpiexec (MPICH) and Dask's blocked matmul, on the same matrices, same
-grid, one BLAS thread per rank (:mod:`peers`). pyspark is not installed here.
+grid, one BLAS thread per rank (:mod:`peers`), and Spark MLlib's ``BlockMatrix.multiply``
+(pyspark on ``local[p*p]``, in its own process; one timed run after a warm-up, as it is slow)
+on the largest grid.
 """
 
 from __future__ import annotations
@@ -31,7 +33,9 @@ PUBLISHED = "Blaze Cannon 57-68% faster than Spark MLlib BlockMatrix.multiply (2
 def _peers() -> dict[str, bool]:
     import importlib.util
 
-    return {m: importlib.util.find_spec(m) is not None for m in ("mpi4py", "dask", "pyspark")}
+    out = {m: importlib.util.find_spec(m) is not None for m in ("mpi4py", "dask")}
+    out["pyspark"] = peers.spark_installed()
+    return out
 
 
 def _time(fn, reps: int) -> tuple[float, list[float]]:
@@ -81,7 +85,8 @@ def _job_memory(inputs: tuple, p: int, backend: str) -> dict:
             "peak_over_data": ratio(in_bytes + extra, data_bytes)}
 
 
-def run(sizes: list[int], grids: list[int], reps: int, backends: list[str]) -> dict:
+def run(sizes: list[int], grids: list[int], reps: int, backends: list[str],
+        memory_sizes: tuple[int, ...] = ()) -> dict:
     import ray
     from threadpoolctl import threadpool_info, threadpool_limits
 
@@ -117,7 +122,8 @@ def run(sizes: list[int], grids: list[int], reps: int, backends: list[str]) -> d
 
                 peer_mpi = peers.mpi("cannon", p * p, n, reps)
                 peer_dask = peers.dask_matmul(a, b, p, reps)
-                data[n] = (A, B, _time(shuffle, reps)[0], peer_mpi, peer_dask)
+                peer_spark = peers.spark("cannon", p * p, n, 1) if p == max(grids) else None
+                data[n] = (A, B, _time(shuffle, reps)[0], peer_mpi, peer_dask, peer_spark)
             for backend in backends:
                 t0 = time.perf_counter()
                 g = gangs[backend] = Gang(p * p, backend=backend, rank_num_cpus=1,
@@ -126,9 +132,10 @@ def run(sizes: list[int], grids: list[int], reps: int, backends: list[str]) -> d
                             "ranks": p * p})
                 for n in sizes:
                     a, b, ref, t_np = mats[n]
-                    A, B, t_sh, peer_mpi, peer_dask = data[n]
+                    A, B, t_sh, peer_mpi, peer_dask, peer_spark = data[n]
                     t_mpi = peer_mpi["median_s"] if peer_mpi else None
                     t_dask = peer_dask["median_s"] if peer_dask else None
+                    t_spark = peer_spark["median_s"] if peer_spark else None
                     flops, data_bytes = 2.0 * n**3, 3 * n * n * 8
                     last = {}
 
@@ -148,11 +155,15 @@ def run(sizes: list[int], grids: list[int], reps: int, backends: list[str]) -> d
                         "speedup_vs_shuffle": ratio(t_sh, t_c),
                         "improvement_vs_shuffle_pct": round(100 * (t_sh - t_c) / t_sh, 1),
                         "vs_numpy_time_ratio": ratio(t_c, t_np),
-                        "mpi4py_s": t_mpi, "dask_s": t_dask,
+                        "mpi4py_s": t_mpi, "dask_s": t_dask, "spark_s": t_spark,
+                        "spark_gflops": flops / t_spark / 1e9 if t_spark else None,
+                        "speedup_vs_spark": ratio(t_spark, t_c) if t_spark else None,
+                        "spark_blas": peer_spark and peer_spark.get("jvm_blas"),
                         "vs_mpi4py_time_ratio": ratio(t_c, t_mpi) if t_mpi else None,
                         "vs_dask_time_ratio": ratio(t_c, t_dask) if t_dask else None,
                         "peer_errors": {"mpi4py": peer_mpi and peer_mpi["rel_error_f64"],
-                                        "dask": peer_dask and peer_dask["rel_error_f64"]},
+                                        "dask": peer_dask and peer_dask["rel_error_f64"],
+                                        "spark": peer_spark and peer_spark["rel_error_f64"]},
                         "rel_error_f64": err,
                         "max_rank_rss_mib": max(rss) / 2**20,
                         "sum_rank_rss_over_data": ratio(sum(rss), data_bytes),
@@ -160,12 +171,25 @@ def run(sizes: list[int], grids: list[int], reps: int, backends: list[str]) -> d
                     })
                     print(f"n={n} ranks={p * p} {backend}: cannon {t_c:.3f}s "
                           f"shuffle {t_sh:.3f}s numpy {t_np:.3f}s mpi4py {t_mpi} dask {t_dask} "
+                          f"spark {t_spark} "
                           f"err {err:.1e}", flush=True)
                 g.shutdown()
                 del gangs[backend]
                 if p == max(grids):  # untimed: sampling every process's smaps costs CPU
                     memory.append(_job_memory(data[max(sizes)][:2], p, backend))
                     print(f"memory: {memory[-1]}", flush=True)
+        # Memory at a larger n as well, where a rank process's own ~60 MB (Python, Ray, numpy;
+        # ~190 MB with torch for gloo) weighs less against its blocks.
+        for n_mem in memory_sizes:
+            p = max(grids)
+            rng = np.random.default_rng(n_mem)
+            A = BlockDataset.from_numpy(rng.standard_normal((n_mem, n_mem)), (p, p))
+            B = BlockDataset.from_numpy(rng.standard_normal((n_mem, n_mem)), (p, p))
+            ray.wait(list(A.refs + B.refs), num_returns=2 * p * p)
+            for backend in backends:
+                memory.append(_job_memory((A, B), p, backend))
+                print(f"memory: {memory[-1]}", flush=True)
+            del A, B
         # Recovery: one rank killed mid-stage vs the failure-free run, both on fresh gangs.
         n_rec, p_rec = sizes[0], max(grids)
         rng = np.random.default_rng(1)
@@ -197,18 +221,22 @@ def run(sizes: list[int], grids: list[int], reps: int, backends: list[str]) -> d
 @click.option("--quick", is_flag=True, help="small sizes, 3 reps: a smoke run")
 @click.option("--reps", default=3, show_default=True)
 @click.option("--backend", "backends", multiple=True, help="ray and/or gloo (default: both)")
-def main(quick: bool, reps: int, backends: tuple[str, ...]) -> None:
+@click.option("--memory-n", "memory_sizes", multiple=True, type=int, default=(8192,),
+              show_default=True, help="extra matrix sizes for the (untimed) job memory runs")
+def main(quick: bool, reps: int, backends: tuple[str, ...], memory_sizes: tuple[int, ...]) -> None:
     """Run the W5 benchmark and write benchmarks/results/cannon.json."""
     from rayflow.hpc.gloo_backend import gloo_available
 
     sizes = [256, 512] if quick else [1024, 2048, 4096]
     chosen = list(backends) or (["ray", "gloo"] if gloo_available() else ["ray"])
-    res = run(sizes, [1, 2], reps, chosen)
+    res = run(sizes, [1, 2], reps, chosen, () if quick else memory_sizes)
     header = ["n", "ranks", "backend", "cannon GF/s", "shuffle GF/s", "numpy GF/s",
-              "x shuffle", "improv %", "t/numpy", "t/mpi4py", "t/dask", "rel err", "RSS/data"]
+              "x shuffle", "x spark", "improv %", "t/numpy", "t/mpi4py", "t/dask", "rel err",
+              "RSS/data"]
     print_table("Cannon vs shuffle (MLlib algorithm) vs numpy, 1 BLAS thread per rank", header, [
         [r["n"], r["ranks"], r["backend"], r["cannon_gflops"], r["shuffle_gflops"],
-         r["numpy_gflops"], r["speedup_vs_shuffle"], r["improvement_vs_shuffle_pct"],
+         r["numpy_gflops"], r["speedup_vs_shuffle"], r.get("speedup_vs_spark"),
+         r["improvement_vs_shuffle_pct"],
          r["vs_numpy_time_ratio"], r["vs_mpi4py_time_ratio"], r["vs_dask_time_ratio"],
          r["rel_error_f64"], r["sum_rank_rss_over_data"]]
         for r in res["rows"]

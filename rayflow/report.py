@@ -507,12 +507,21 @@ def _w5(doc: dict, ctx: _Ctx) -> list[str]:
     lines += _table(["n", "ranks", "backend", "Cannon GFLOP/s", "shuffle GFLOP/s",
                      "numpy 1-thread GFLOP/s", "Cannon / shuffle (speed)",
                      "time saved vs shuffle (Blaze vs MLlib, pub.: 57–68%)", "time / numpy",
-                     "time / mpi4py", "time / Dask", "rel. error f64", "Σ rank RSS / data"],
+                     "time / mpi4py", "time / Dask", "Spark MLlib GFLOP/s", "Cannon / Spark (speed)",
+                     "rel. error f64", "Σ rank RSS / data"],
                     [[str(r["n"]), r["ranks"], r["backend"], r["cannon_gflops"], r["shuffle_gflops"],
                       r["numpy_gflops"], _x(r.get("speedup_vs_shuffle")),
                       f"{r['improvement_vs_shuffle_pct']:.0f}%", _x(r.get("vs_numpy_time_ratio")),
                       _x(r.get("vs_mpi4py_time_ratio")), _x(r.get("vs_dask_time_ratio")),
+                      r.get("spark_gflops"), _x(r.get("speedup_vs_spark")),
                       r.get("rel_error_f64"), _x(r.get("sum_rank_rss_over_data"))] for r in rows])
+    blas = sorted({r["spark_blas"] for r in rows if r.get("spark_blas")})
+    if blas:
+        lines += ["Spark MLlib (pyspark, `local[p*p]`, one timed run after a warm-up) multiplies "
+                  f"its blocks with the JVM's BLAS ({', '.join(blas)}): no system `libblas.so.3` "
+                  "is installed here, as on a stock Spark install. That, not the algorithm, is "
+                  "most of its gap to the shuffle baseline, which multiplies with numpy's "
+                  "OpenBLAS.", ""]
     jm = doc.get("memory") or []
     if jm:
         lines += ["Job memory (the inputs A and B already in the object store, plus what the "
@@ -551,14 +560,21 @@ def _w5(doc: dict, ctx: _Ctx) -> list[str]:
     sp = [r["speedup_vs_shuffle"] for r in rows if r["ranks"] == top]
     ctx.check("W5", "Cannon ≥ 3× the shuffle baseline",
               f"{_x(min(sp))}–{_x(max(sp))} at {top} ranks", min(sp) >= 3)
+    ssp = [r["speedup_vs_spark"] for r in rows if r["ranks"] == top and r.get("speedup_vs_spark")]
+    if ssp:
+        ctx.check("W5", "Cannon ≥ 3× Spark MLlib BlockMatrix.multiply (pyspark peer)",
+                  f"{_x(min(ssp))}–{_x(max(ssp))} at {top} ranks", min(ssp) >= 3)
     errs = [r["rel_error_f64"] for r in rows if r.get("rel_error_f64") is not None]
     ctx.check("W5", "float64 relative error ≤ 1e-12", f"max {max(errs):.1e}" if errs else "–",
               max(errs) <= 1e-12 if errs else None)
     big = max(r["n"] for r in rows)
     if jm:
         worst = max(m["peak_over_data"] for m in jm)
-        ctx.check("W5", "peak memory ≤ 3× the matrix data",
-                  f"job peak / (A+B+C) up to {_x(worst)} at n = {jm[0]['n']}", worst <= 3)
+        txt = "; ".join(
+            f"n = {n}: up to {_x(max(m['peak_over_data'] for m in jm if m['n'] == n))}"
+            for n in sorted({m["n"] for m in jm}))
+        ctx.check("W5", "peak memory ≤ 3× the matrix data", f"job peak / (A+B+C): {txt}",
+                  worst <= 3)
     else:
         mem = [r["sum_rank_rss_over_data"] for r in rows
                if r["n"] == big and r.get("sum_rank_rss_over_data") is not None]
@@ -624,13 +640,15 @@ def _w6(doc: dict, ctx: _Ctx) -> list[str]:
              f"Published: {doc.get('published') or 'Blaze CG 51–94% faster than Spark'}.", ""]
     lines += _table(["n", "ranks", "backend", "rayflow ms/it", "broadcast ms/it", "numpy ms/it",
                      "rayflow / broadcast (speed)", "time saved vs broadcast (Blaze vs Spark, pub.: 51–94%)",
-                     "time / numpy", "mpi4py ms/it", "time / mpi4py", "rel. diff vs numpy",
-                     "max rank RSS MiB", "matrix MiB"],
+                     "time / numpy", "mpi4py ms/it", "time / mpi4py", "Spark ms/it",
+                     "rayflow / Spark (speed)", "rel. diff vs numpy", "max rank RSS MiB",
+                     "matrix MiB"],
                     [[str(r["n"]), r["ranks"], r["backend"], r["rayflow_ms_per_it"],
                       r["broadcast_ms_per_it"], r["numpy_ms_per_it"],
                       _x(r.get("speedup_vs_broadcast")),
                       f"{r['improvement_vs_broadcast_pct']:.0f}%", _x(r.get("vs_numpy_ratio")),
                       r.get("mpi4py_ms_per_it"), _x(r.get("vs_mpi4py_ratio")),
+                      r.get("spark_ms_per_it"), _x(r.get("speedup_vs_spark")),
                       r.get("rel_diff_vs_numpy_x"), r.get("max_rank_rss_mib"),
                       r.get("matrix_mib")] for r in rows])
     lat = doc.get("collective_latency") or []
@@ -645,6 +663,10 @@ def _w6(doc: dict, ctx: _Ctx) -> list[str]:
     sp = [r["speedup_vs_broadcast"] for r in gloo]
     ctx.check("W6", "CG (gloo) ≥ 10× faster than the broadcast baseline",
               f"{_x(min(sp))}–{_x(max(sp))} ({gloo[0]['backend']})", min(sp) >= 10)
+    ssp = [r["speedup_vs_spark"] for r in gloo if r.get("speedup_vs_spark")]
+    if ssp:
+        ctx.check("W6", "CG (gloo) ≥ 10× faster than Spark's broadcast CG (pyspark peer)",
+                  f"{_x(min(ssp))}–{_x(max(ssp))} ({gloo[0]['backend']})", min(ssp) >= 10)
     peer = {r["n"]: r.get("vs_mpi4py_ratio") for r in gloo if r.get("vs_mpi4py_ratio")}
     if peer:
         goal = {4096: 1.5, 8192: 1.2}

@@ -254,3 +254,23 @@ def test_wordcount_section(tmp_path):
     assert re.search(r"\| W4 \| exactly-once within 6.3% [^|]+ \| 0.96× \| met \|", glance)
     assert re.search(r"\| W4 \| RocksDB within 3× [^|]+ \| 0.30× \| \*\*missed\*\* \|", glance)
     assert re.search(r"\| W4 \| back to full rate within 10 s [^|]+ \| 4.5 s \| met \|", glance)
+
+
+def test_spark_peer_columns_and_checks(tmp_path):
+    cannon, cg = _cannon(), _cg()
+    for r in cannon["rows"]:
+        r.update(spark_s=8.0, spark_gflops=r["cannon_gflops"] / 8, speedup_vs_spark=8.0,
+                 spark_blas="dev.ludovic.netlib.blas.Java11BLAS")
+    cannon["rows"][0]["speedup_vs_spark"] = 2.5  # one size under 3x: the check is missed
+    for r in cg["rows"]:
+        r.update(spark_ms_per_it=200.0, speedup_vs_spark=round(200.0 / r["rayflow_ms_per_it"], 3))
+    results = _write(tmp_path / "benchmarks" / "results", [cannon, cg])
+    md = generate(results, tmp_path / "BENCHMARKS.md", results / "plots").read_text()
+    w5, w6 = _section(md, "W5"), _section(md, "W6")
+    assert "Cannon / Spark (speed)" in w5 and "Java11BLAS" in w5
+    assert "rayflow / Spark (speed)" in w6 and "20.00×" in w6  # 200 / 10.0 with gloo
+    glance = _section(md, "Targets at a glance")
+    assert re.search(r"\| W5 \| Cannon ≥ 3× Spark MLlib [^|]+ \| 2.50×–8.00× at 4 ranks \| "
+                     r"\*\*missed\*\* \|", glance)
+    assert re.search(r"\| W6 \| CG \(gloo\) ≥ 10× faster than Spark[^|]+ \| 20.00×–20.00× "
+                     r"\(gloo\) \| met \|", glance)

@@ -24,7 +24,7 @@ _EXPORTS = {
     "CGResult": "rayflow.hpc.cg",
     "shuffle_matmul": "rayflow.hpc.baselines",
     "broadcast_cg": "rayflow.hpc.baselines",
-    "register_ray_backend": "rayflow.hpc.ray_backend",
+    "register_ray_backend": "rayflow.hpc.ray_collective",
 }
 
 __all__ = sorted(_EXPORTS)

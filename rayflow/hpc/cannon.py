@@ -20,8 +20,31 @@ from rayflow.hpc.dataset import BlockDataset
 from rayflow.hpc.stage import mpimap
 
 
+def _accumulate(c: np.ndarray, a: np.ndarray, b: np.ndarray) -> None:
+    """``c += a @ b`` without a temporary product: BLAS GEMM with beta = 1.
+
+    ``c`` is C-ordered, so the GEMM runs on the transposes (``c.T += b.T @ a.T``), which are
+    Fortran-ordered views: no copy of any operand when ``a`` and ``b`` are C-contiguous.
+    """
+    if c.dtype == a.dtype == b.dtype and c.dtype in (np.float32, np.float64) and c.size:
+        from scipy.linalg.blas import get_blas_funcs
+
+        gemm = get_blas_funcs("gemm", (c,))
+        out = gemm(1.0, b.T, a.T, beta=1.0, c=c.T, overwrite_c=True)
+        if out.base is c or np.shares_memory(out, c):
+            return
+        c[...] = out.T  # not in place (an unexpected layout): still correct
+        return
+    c += a @ b
+
+
 def cannon_rank(comm, a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """The rank function: ``C_ij`` from the skewed blocks ``a`` and ``b`` (usable directly)."""
+    """The rank function: ``C_ij`` from the skewed blocks ``a`` and ``b`` (usable directly).
+
+    Memory per rank: ``C``, the current ``A`` and ``B`` and the next pair (5 blocks). The
+    shifts are non-blocking sends straight from the blocks (no copy), started before the GEMM
+    so that the transfer overlaps it, and the GEMM accumulates into ``C`` in place.
+    """
     p = grid_side(comm.size)
     cart = comm.create_cart((p, p))
     i, j = cart.coords
@@ -30,13 +53,14 @@ def cannon_rank(comm, a: np.ndarray, b: np.ndarray) -> np.ndarray:
     c = np.zeros((a.shape[0], b.shape[1]), dtype=np.result_type(a.dtype, b.dtype))
     for t in range(p):
         last = t == p - 1
+        sends = [] if last else [cart.isend(a, left, tag=1), cart.isend(b, up, tag=2)]
+        _accumulate(c, a, b)
         if not last:
-            cart.send(a, left, tag=1)
-            cart.send(b, up, tag=2)
-        c += a @ b
-        if not last:
-            a = cart.recv(right, tag=1)
-            b = cart.recv(down, tag=2)
+            a_next = cart.recv(right, tag=1)
+            b_next = cart.recv(down, tag=2)
+            for req in sends:
+                req.wait()
+            a, b = a_next, b_next
     return c
 
 

@@ -71,6 +71,31 @@ class Transport(Protocol):
     def recv(self, src: int, key: tuple) -> Any:
         """Block until the message from world rank ``src`` under ``key`` arrives; return it."""
 
+    # Optional: ``isend(dest, key, obj) -> Request`` sends without a snapshot (the caller
+    # leaves ``obj`` unchanged until ``wait``); transports without it get a buffered send.
+
+
+class Request:
+    """The handle of a non-blocking send (``comm.isend``): ``wait()`` before reusing the buffer."""
+
+    def __init__(self, works: Sequence[Any] = ()):
+        self._works = list(works)
+
+    def test(self) -> bool:
+        """Whether the send has completed (the buffer may be reused)."""
+        return all(w.is_completed() for w in self._works)
+
+    def wait(self) -> None:
+        """Block until the send has completed."""
+        for w in self._works:
+            w.wait()
+        self._works = []
+
+    @staticmethod
+    def waitall(requests: Sequence[Request]) -> None:
+        for r in requests:
+            r.wait()
+
 
 def _reduce_values(values: list[Any], op: str) -> Any:
     try:
@@ -147,6 +172,23 @@ class Communicator:
         self._check_rank(dest, "destination")
         seq = next(self._send_seq[(dest, tag)])
         self._send_to(dest, ("p", self._ctx, tag, seq), obj)
+
+    def isend(self, obj: Any, dest: int, tag: int = 0) -> Request:
+        """Send ``obj`` to ``dest`` without copying it, as MPI's ``Isend``.
+
+        ``obj`` must stay unchanged until the returned request's ``wait()``: the gloo backend
+        sends straight from its buffer, where :meth:`send` copies it first. The Ray backend
+        serialises at once (into the object store for large arrays), so its requests are
+        complete on return. Messages match :meth:`recv` exactly like :meth:`send`'s.
+        """
+        self._check_rank(dest, "destination")
+        seq = next(self._send_seq[(dest, tag)])
+        key = ("p", self._ctx, tag, seq)
+        isend = getattr(self._t, "isend", None)
+        if isend is None:
+            self._send_to(dest, key, obj)
+            return Request()
+        return isend(self._members[dest], key, obj)
 
     def recv(self, source: int, tag: int = 0) -> Any:
         """Receive the next object sent by ``source`` with ``tag``."""

@@ -26,7 +26,7 @@ from rayflow.hpc.ray_backend import (
     MailboxHost,
     RayTransport,
     create_rendezvous,
-    register_ray_backend,
+    join_group,
     set_local_host,
 )
 
@@ -58,10 +58,10 @@ class RankActor(MailboxHost):
 
     def setup(self, world_size: int, rank: int, group_name: str, backend: str) -> str:
         """Join the collective group; returns the node id (for placement checks)."""
-        from ray.util import collective
-
         self.rank, self.world_size = rank, world_size
         if backend == "gloo":
+            from ray.util import collective
+
             from rayflow.hpc.gloo_backend import GlooNative, GlooTransport
 
             collective.init_collective_group(world_size, rank, backend="gloo",
@@ -69,11 +69,8 @@ class RankActor(MailboxHost):
             self._transport = GlooTransport(rank, world_size)
             self._native = GlooNative(collective, group_name, self._transport)
         else:
-            register_ray_backend()
-            collective.init_collective_group(world_size, rank, backend="RAYFLOW",
-                                             group_name=group_name)
-            group = collective.collective._group_mgr.get_group_by_name(group_name)
-            self._transport = group.transport
+            # not through ray.util.collective: importing it imports torch (+197 MB per rank)
+            self._transport = join_group(world_size, rank, group_name)
         return ray.get_runtime_context().get_node_id()
 
     def run(self, stage: str, attempt: int, num_outputs: int, fn, fn_args, fn_kwargs, *blocks):

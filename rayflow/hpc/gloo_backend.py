@@ -13,6 +13,7 @@ non-array objects travel pickled.
 from __future__ import annotations
 
 import pickle
+import warnings
 import zlib
 from collections.abc import Sequence
 from typing import Any
@@ -22,6 +23,7 @@ import numpy as np
 _DTYPES = [np.float64, np.float32, np.int64, np.int32, np.uint8, np.int8, np.int16, np.bool_]
 _CODE = {np.dtype(d): i for i, d in enumerate(_DTYPES)}
 _ARRAY, _PICKLE = 0, 1
+_UFUNCS = {"sum": np.add, "prod": np.multiply, "min": np.minimum, "max": np.maximum}
 _HDR = 8  # kind, dtype code, ndim, d0..d3, element or byte count
 
 
@@ -35,14 +37,15 @@ def gloo_available() -> bool:
         return False
 
 
-def _encode(obj: Any) -> tuple[np.ndarray, np.ndarray]:
-    """Header and flat payload of ``obj``."""
+def _encode(obj: Any, copy: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    """Header and flat payload of ``obj`` (a view of a contiguous array when not ``copy``)."""
     hdr = np.zeros(_HDR, dtype=np.int64)
     if isinstance(obj, np.ndarray) and obj.dtype in _CODE and obj.ndim <= 4:
         hdr[:3] = (_ARRAY, _CODE[obj.dtype], obj.ndim)
         hdr[3 : 3 + obj.ndim] = obj.shape
         hdr[7] = obj.size
-        return hdr, np.ascontiguousarray(obj).reshape(-1).copy()
+        flat = np.ascontiguousarray(obj).reshape(-1)
+        return hdr, flat.copy() if copy else flat
     data = np.frombuffer(pickle.dumps(obj, protocol=5), dtype=np.uint8).copy()
     hdr[0], hdr[7] = _PICKLE, data.size
     return hdr, data
@@ -58,6 +61,20 @@ def _decode(hdr: np.ndarray, flat: np.ndarray) -> Any:
 def _empty(hdr: np.ndarray) -> np.ndarray:
     dtype = np.uint8 if hdr[0] == _PICKLE else _DTYPES[int(hdr[1])]
     return np.empty(int(hdr[7]), dtype=dtype)
+
+
+class _Work:
+    """A torch send work and the buffers it reads, kept alive until it completes."""
+
+    def __init__(self, work: Any, *buffers: Any):
+        self._work, self._buffers = work, buffers
+
+    def is_completed(self) -> bool:
+        return self._work.is_completed()
+
+    def wait(self) -> None:
+        self._work.wait()
+        self._buffers = ()
 
 
 class GlooTransport:
@@ -88,6 +105,23 @@ class GlooTransport:
         self._pending.append((self._dist.isend(td, dest, tag=tag), td))
         self._pending = [(w, t) for w, t in self._pending if not w.is_completed()]
 
+    def isend(self, dest: int, key: tuple, obj: Any) -> Any:
+        """Send without the snapshot: ``obj`` must stay unchanged until the request's wait."""
+        from rayflow.hpc.comm import Request
+
+        if dest == self.rank:
+            self.send(dest, key, obj)
+            return Request()
+        hdr, data = _encode(obj, copy=False)
+        tag = self._tag(key)
+        with warnings.catch_warnings():
+            # object-store blocks are read-only; torch warns that writing through the tensor
+            # is undefined, but a send only reads it
+            warnings.simplefilter("ignore", UserWarning)
+            th, td = self._torch.from_numpy(hdr), self._torch.from_numpy(data)
+        return Request([_Work(self._dist.isend(th, dest, tag=tag), th),
+                        _Work(self._dist.isend(td, dest, tag=tag), td, obj)])
+
     def send_many(self, dests: Sequence[int], key: tuple, obj: Any) -> None:
         for d in dests:
             self.send(d, key, obj)
@@ -102,6 +136,22 @@ class GlooTransport:
         if flat.size:
             self._dist.recv(self._torch.from_numpy(flat), src, tag=tag)
         return _decode(hdr, flat)
+
+    def exchange(self, peer: int, key: tuple, send: np.ndarray, out: np.ndarray) -> None:
+        """Send ``send`` to ``peer`` and receive its equal-sized array into ``out``.
+
+        Raw payloads with no header: both sides know the shape (a collective's contract).
+        """
+        tag = self._tag(key)
+        work = self._dist.isend(self._torch.from_numpy(send), peer, tag=tag)
+        self._dist.recv(self._torch.from_numpy(out), peer, tag=tag)
+        work.wait()
+
+    def send_raw(self, dest: int, key: tuple, arr: np.ndarray) -> None:
+        self._dist.send(self._torch.from_numpy(arr), dest, tag=self._tag(key))
+
+    def recv_raw(self, src: int, key: tuple, out: np.ndarray) -> None:
+        self._dist.recv(self._torch.from_numpy(out), src, tag=self._tag(key))
 
     def flush(self) -> None:
         """Wait for every in-flight send."""
@@ -130,8 +180,42 @@ class GlooNative:
         arr = np.array(obj, copy=True)  # own, writable buffer: gloo reduces in place
         if arr.dtype not in _CODE:
             arr = arr.astype(np.float64)
-        self._c.allreduce(arr, self._g, self._ops[op])
+        if arr.dtype == np.bool_:
+            self._c.allreduce(arr, self._g, self._ops[op])
+        else:
+            arr = self._doubling_allreduce(np.ascontiguousarray(arr), op)
         return arr.item() if scalar else arr
+
+    def _doubling_allreduce(self, buf: np.ndarray, op: str) -> np.ndarray:
+        """Recursive doubling over tagged send/recv: log2(p) exchanges of the whole array.
+
+        Measured here with 2 ranks, gloo's own allreduce took 1.1-1.8 ms for anything above
+        one element (16 to 8,192 float64) while one tagged exchange of 32 KiB took 0.1 ms, so
+        the world allreduce runs as exchanges. The result is bitwise the same on every rank:
+        each step combines the same two partial results, and the ufuncs commute exactly.
+        A rank count that is not a power of two first folds the extra ranks into partners.
+        """
+        t, ufunc = self._t, _UFUNCS[op]
+        p, r = t.size, t.rank
+        self._seq = (getattr(self, "_seq", 0) + 1) & 0xFFFFF
+        pof2 = 1 << (p.bit_length() - 1)
+        extra = p - pof2
+        if r >= pof2:  # an extra rank: hand the data to a partner, get the result back
+            t.send_raw(r - pof2, ("ar", self._seq, "fold"), buf)
+            t.recv_raw(r - pof2, ("ar", self._seq, "unfold"), buf)
+            return buf
+        tmp = np.empty_like(buf)
+        if r < extra:
+            t.recv_raw(r + pof2, ("ar", self._seq, "fold"), tmp)
+            ufunc(buf, tmp, out=buf)
+        mask = 1
+        while mask < pof2:
+            t.exchange(r ^ mask, ("ar", self._seq, mask), buf, tmp)
+            ufunc(buf, tmp, out=buf)
+            mask <<= 1
+        if r < extra:
+            t.send_raw(r + pof2, ("ar", self._seq, "unfold"), buf)
+        return buf
 
     def reduce_scatter(self, array: np.ndarray, op: str, counts: Sequence[int]) -> np.ndarray:
         full = self.allreduce(array, op)

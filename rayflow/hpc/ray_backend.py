@@ -9,9 +9,11 @@ and are read without a copy. The first version (a rendezvous actor holding every
 through ``ray.put``) paid two hops and an object-store round trip per message; the
 measurements are in ``docs/hpc.md``.
 
-Ranks find each other once per group through a small named rendezvous actor. The backend is
-registered with ``ray.util.collective`` (``RAYFLOW``) and implements its in-place tensor API
-on numpy arrays, so ``ray.util.collective.allreduce(arr, group_name)`` works in our ranks.
+Ranks find each other once per group through a small named rendezvous actor
+(:func:`join_group`). :mod:`rayflow.hpc.ray_collective` registers the same backend with
+``ray.util.collective`` (``RAYFLOW``); rayflow's own gangs join without that module, because
+importing ``ray.util.collective`` imports torch when it is installed (measured: a rank's USS
+went from 61 to 258 MB).
 """
 
 from __future__ import annotations
@@ -23,19 +25,12 @@ from typing import Any
 
 import numpy as np
 import ray
-from ray.util.collective.backend_registry import _global_registry, register_collective_backend
-from ray.util.collective.collective_group.base_collective_group import BaseGroup
-from ray.util.collective.types import ReduceOp
-
-from rayflow.hpc.comm import Communicator
 
 BACKEND_NAME = "RAYFLOW"
 # Above this size a message sent to several ranks is put in the object store once and the
 # peers get its reference (Ray would otherwise serialise the array once per call).
 _SHARE_BYTES = 100 * 1024
 _RDV_PREFIX = "rayflow.hpc.rdv."
-
-_OPS = {ReduceOp.SUM: "sum", ReduceOp.PRODUCT: "prod", ReduceOp.MIN: "min", ReduceOp.MAX: "max"}
 
 
 class _Shared:
@@ -167,90 +162,34 @@ def create_rendezvous(group_name: str, world_size: int, namespace: str | None = 
     )
 
 
-class RayNativeGroup(BaseGroup):
-    """``ray.util.collective`` group over :class:`RayTransport` (numpy arrays, in place).
+def join_group(world_size: int, rank: int, group_name: str, timeout_s: float = 60.0) -> RayTransport:
+    """Register this rank with the group's rendezvous actor and wait for all peers.
 
-    Built inside a rank actor that mixes in :class:`MailboxHost`, after the driver created the
-    rendezvous actor with :func:`create_rendezvous`.
+    Called inside a rank actor that mixes in :class:`MailboxHost`, after the driver created
+    the rendezvous actor with :func:`create_rendezvous`.
     """
-
-    def __init__(self, world_size: int, rank: int, group_name: str, timeout_s: float = 60.0):
-        super().__init__(world_size, rank, group_name)
-        if not _LOCAL_HOST:
-            raise RuntimeError("RayNativeGroup needs a MailboxHost actor (call set_local_host)")
-        host = _LOCAL_HOST[0]
-        rdv = ray.get_actor(_RDV_PREFIX + group_name)
-        me = ray.get_runtime_context().current_actor
-        ray.get(rdv.register.remote(rank, me))
-        deadline = time.monotonic() + timeout_s
-        peers = None
-        while peers is None:
-            peers = ray.get(rdv.peers.remote())
-            if peers is None:
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"rendezvous of group {group_name!r} timed out")
-                time.sleep(0.01)
-        self.transport = RayTransport(rank, peers, host._rf_mailbox(), stage="group:" + group_name)
-        self.comm = Communicator(self.transport, context=("group", group_name))
-
-    @classmethod
-    def backend(cls) -> str:
-        return BACKEND_NAME
-
-    @classmethod
-    def check_backend_availability(cls) -> bool:
-        return True
-
-    # ray.util.collective passes tensors wrapped in a list, and expects results in place.
-    def allreduce(self, tensor, allreduce_options=None):
-        t = tensor[0]
-        op = _OPS[allreduce_options.reduceOp] if allreduce_options is not None else "sum"
-        np.copyto(t, self.comm.allreduce(t, op))
-
-    def barrier(self, barrier_options=None):
-        self.comm.barrier()
-
-    def reduce(self, tensor, reduce_options=None):
-        t = tensor[0]
-        root = reduce_options.root_rank if reduce_options is not None else 0
-        op = _OPS[reduce_options.reduceOp] if reduce_options is not None else "sum"
-        out = self.comm.reduce(t, op, root)
-        if out is not None:
-            np.copyto(t, out)
-
-    def allgather(self, tensor_list, tensor, allgather_options=None):
-        for dst, got in zip(tensor_list[0], self.comm.allgather(tensor[0])):
-            np.copyto(dst, got)
-
-    def broadcast(self, tensor, broadcast_options=None):
-        t = tensor[0]
-        root = broadcast_options.root_rank if broadcast_options is not None else 0
-        got = self.comm.bcast(t if self.rank == root else None, root)
-        if self.rank != root:
-            np.copyto(t, got)
-
-    def reducescatter(self, tensor, tensor_list, reducescatter_options=None):
-        op = _OPS[reducescatter_options.reduceOp] if reducescatter_options is not None else "sum"
-        pieces = self.comm.alltoall(list(tensor_list[0]))
-        acc = pieces[0].copy()
-        for p in pieces[1:]:
-            acc = _apply(op, acc, p)
-        np.copyto(tensor[0], acc)
-
-    def send(self, tensor, send_options):
-        self.comm.send(tensor[0], send_options.dst_rank)
-
-    def recv(self, tensor, recv_options):
-        np.copyto(tensor[0], self.comm.recv(recv_options.src_rank))
+    if not _LOCAL_HOST:
+        raise RuntimeError("joining a group needs a MailboxHost actor (call set_local_host)")
+    host = _LOCAL_HOST[0]
+    rdv = ray.get_actor(_RDV_PREFIX + group_name)
+    me = ray.get_runtime_context().current_actor
+    ray.get(rdv.register.remote(rank, me))
+    deadline = time.monotonic() + timeout_s
+    peers = None
+    while peers is None:
+        peers = ray.get(rdv.peers.remote())
+        if peers is None:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"rendezvous of group {group_name!r} timed out")
+            time.sleep(0.01)
+    return RayTransport(rank, peers, host._rf_mailbox(), stage="group:" + group_name)
 
 
-def _apply(op: str, a, b):
-    from rayflow.hpc.comm import REDUCE_OPS
+def __getattr__(name: str) -> Any:
+    # the ray.util.collective side lives in its own module (it imports torch when installed)
+    if name in ("RayNativeGroup", "register_ray_backend"):
+        from rayflow.hpc import ray_collective
 
-    return REDUCE_OPS[op](a, b)
+        return getattr(ray_collective, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
-
-def register_ray_backend() -> None:
-    """Register :class:`RayNativeGroup` as ``RAYFLOW`` (idempotent; call in driver and ranks)."""
-    if not _global_registry.is_registered(BACKEND_NAME):
-        register_collective_backend(BACKEND_NAME, RayNativeGroup)

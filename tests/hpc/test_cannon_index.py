@@ -65,3 +65,33 @@ def test_pure_modules_do_not_import_ray():
         "assert 'ray' not in sys.modules, 'ray imported'"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_accumulate_adds_the_product_in_place(dtype):
+    from rayflow.hpc.cannon import _accumulate
+
+    rng = np.random.default_rng(3)
+    a = rng.standard_normal((5, 7)).astype(dtype)
+    b = rng.standard_normal((7, 4)).astype(dtype)
+    c = rng.standard_normal((5, 4)).astype(dtype)
+    want = c + a @ b
+    buf = c.ctypes.data
+    _accumulate(c, a, b)
+    assert c.ctypes.data == buf  # no new array: the GEMM wrote into c
+    np.testing.assert_allclose(c, want, rtol=1e-5 if dtype == np.float32 else 1e-13)
+
+
+def test_accumulate_handles_read_only_strided_and_mixed_operands():
+    from rayflow.hpc.cannon import _accumulate
+
+    rng = np.random.default_rng(4)
+    a = np.asfortranarray(rng.standard_normal((6, 6)))[:, ::2]  # strided view
+    b = rng.standard_normal((3, 5))
+    b.flags.writeable = False  # like an object-store block
+    c = np.zeros((6, 5))
+    _accumulate(c, a, b)
+    np.testing.assert_allclose(c, a @ b, rtol=1e-13)
+    c32 = np.zeros((6, 5), dtype=np.float64)
+    _accumulate(c32, a.astype(np.float32), b)  # mixed dtypes: the plain path
+    np.testing.assert_allclose(c32, a.astype(np.float32) @ b, rtol=1e-6)

@@ -34,6 +34,12 @@ def _all_collectives(comm, block):
         "shifted": buf, "sendrecv": cart.sendrecv(r, dest=cart.shift(0, 1)[1],
                                                    source=cart.shift(0, 1)[0]),
     }
+    src, dst = cart.shift(0, 1)
+    arr = np.full(4, float(r))
+    req = cart.isend(arr, dst, tag=5)
+    out["isend"] = cart.recv(src, tag=5)
+    req.wait()
+    assert req.test()
     comm.barrier()
     return out
 
@@ -70,6 +76,7 @@ def test_collectives_conform_to_numpy(any_gang):
         assert o["row_gather"] == [2 * i, 2 * i + 1]
         np.testing.assert_array_equal(o["shifted"], np.full(3, float(2 * i + (j + 1) % 2)))
         assert o["sendrecv"] == 2 * ((i - 1) % 2) + j
+        np.testing.assert_array_equal(o["isend"], np.full(4, 2.0 * ((i - 1) % 2) + j))
 
 
 def _ray_util_collective(comm, block, group_name_holder):
@@ -79,7 +86,8 @@ def _ray_util_collective(comm, block, group_name_holder):
     import ray
     from ray.util import collective as col
 
-    from rayflow.hpc.ray_backend import create_rendezvous, register_ray_backend
+    from rayflow.hpc.ray_backend import create_rendezvous
+    from rayflow.hpc.ray_collective import register_ray_backend
 
     register_ray_backend()
     name = comm.bcast(f"t-{uuid.uuid4().hex[:8]}" if comm.rank == 0 else None)
@@ -103,3 +111,50 @@ def test_backend_is_registered_with_ray_util_collective(gang4):
     ds = BlockDataset.from_numpy(np.zeros(4), 4)
     for blk in mpimap(_ray_util_collective, ds, fn_args=(None,), gang=gang4).blocks():
         np.testing.assert_array_equal(blk, [10, 10, 10, 0, 1, 0, 2, 4, 6])
+
+
+def _allreduce_values(comm, block):
+    rng = np.random.default_rng(comm.rank)
+    x = rng.standard_normal(1000)
+    return {"x": x, "sum": comm.allreduce(x), "min": comm.allreduce(x, "min"),
+             "prod": comm.allreduce(x, "prod"), "scalar": comm.allreduce(comm.rank + 1),
+             "i32": comm.allreduce(np.arange(4, dtype=np.int32) * comm.rank, "max")}
+
+
+@pytest.mark.parametrize("size", [3, 5])
+def test_gloo_allreduce_any_rank_count_is_identical_on_every_rank(ray_session, size):
+    """The gloo world allreduce runs as recursive doubling; extra ranks fold into partners."""
+    pytest.importorskip("torch")
+    from rayflow.hpc import Gang
+
+    with Gang(size, backend="gloo", rank_num_cpus=0.25, gang_timeout_s=60) as g:
+        outs = mpimap(_allreduce_values, BlockDataset.from_numpy(np.zeros(size), size),
+                      gang=g).blocks()
+    xs = np.stack([o["x"] for o in outs])
+    for o in outs:
+        # bitwise the same everywhere (CG keeps replicated vectors in step on this)
+        np.testing.assert_array_equal(o["sum"], outs[0]["sum"])
+        np.testing.assert_array_equal(o["prod"], outs[0]["prod"])
+        np.testing.assert_allclose(o["sum"], xs.sum(0), rtol=1e-12, atol=1e-12)
+        np.testing.assert_array_equal(o["min"], xs.min(0))
+        np.testing.assert_allclose(o["prod"], xs.prod(0), rtol=1e-12)
+        assert o["scalar"] == size * (size + 1) // 2
+        assert o["i32"].dtype == np.int32
+        np.testing.assert_array_equal(o["i32"], np.arange(4) * (size - 1))
+
+
+def _imported(comm, block):
+    import sys
+
+    return {"torch": "torch" in sys.modules, "collective": "ray.util.collective" in sys.modules}
+
+
+def test_ray_backend_ranks_do_not_import_torch(ray_session):
+    """ray.util.collective imports torch when installed (+197 MB per rank, measured); the
+    native backend's ranks join their group without it. (A fresh gang: the shared one also
+    serves the test that uses ray.util.collective on purpose.)"""
+    from rayflow.hpc import Gang
+
+    with Gang(2, rank_num_cpus=0.25, gang_timeout_s=60) as g:
+        outs = mpimap(_imported, BlockDataset.from_numpy(np.zeros(2), 2), gang=g).blocks()
+    assert outs == [{"torch": False, "collective": False}] * 2
