@@ -56,6 +56,11 @@ class RankActor(MailboxHost):
     def _rf_deliver(self, stage: str, src: int, key: tuple, obj: Any) -> None:
         self._rf_mailbox().put(stage, src, key, obj)
 
+    @ray.method(concurrency_group="mail")
+    def abort(self, stage: str) -> None:
+        """Wake this rank's run of ``stage`` if it waits on a message (a peer died)."""
+        self._rf_mailbox().abort(stage)
+
     def setup(self, world_size: int, rank: int, group_name: str, backend: str) -> str:
         """Join the collective group; returns the node id (for placement checks)."""
         self.rank, self.world_size = rank, world_size
@@ -175,28 +180,60 @@ class Gang:
                 f"total {ray.cluster_resources()}, available {ray.available_resources()}"
             )
         self._pg = pg
-        group = f"rf-{uuid.uuid4().hex[:10]}"
-        if self.backend == "ray":
-            self._rdv = create_rendezvous(group, self.size)
-        self.actors = [
-            RankActor.options(
-                num_cpus=self._num_cpus,
-                scheduling_strategy=PlacementGroupSchedulingStrategy(
-                    placement_group=pg, placement_group_bundle_index=r
-                ),
-            ).remote(self.blas_threads)
-            for r in range(self.size)
-        ]
+        self.actors = [self._new_rank(pg, r) for r in range(self.size)]
         try:
-            self.node_ids = ray.get(
-                [a.setup.remote(self.size, r, group, self.backend) for r, a in enumerate(self.actors)],
-                timeout=self.gang_timeout_s + 60,
-            )
+            self._join_all()
         except Exception:
             self.shutdown()
             raise
         self.starts += 1
         return self
+
+    def repair(self, dead: set[int]) -> int:
+        """Replace the ranks in ``dead`` in their own bundles; the survivors stay.
+
+        The survivors must be idle (their runs returned or were aborted). Every rank then joins
+        a new group, so the survivors learn the new peers. Only the Ray-native backend can do
+        this (a survivor blocked in a gloo recv cannot be woken, and gloo's world cannot take a
+        new member), and only while the placement group holds the dead ranks' bundles; in any
+        other case, or if the repair fails, the whole gang is replaced. Returns how many rank
+        actors were started.
+        """
+        if not self.started:
+            self.start()
+            return self.size
+        if self.backend != "ray" or self._pg is None:
+            self.restart()
+            return self.size
+        try:
+            for r in sorted(dead):
+                ray.kill(self.actors[r], no_restart=True)
+                self.actors[r] = self._new_rank(self._pg, r)
+            self._join_all()
+        except Exception:  # noqa: BLE001 - e.g. a lost node's bundle: fall back to a new gang
+            self.restart()
+            return self.size
+        return len(dead)
+
+    def _new_rank(self, pg: Any, r: int) -> Any:
+        return RankActor.options(
+            num_cpus=self._num_cpus,
+            scheduling_strategy=PlacementGroupSchedulingStrategy(
+                placement_group=pg, placement_group_bundle_index=r
+            ),
+        ).remote(self.blas_threads)
+
+    def _join_all(self) -> None:
+        """Every rank joins a new group (a new rendezvous for the Ray-native backend)."""
+        group = f"rf-{uuid.uuid4().hex[:10]}"
+        if self.backend == "ray":
+            if self._rdv is not None:
+                ray.kill(self._rdv, no_restart=True)
+            self._rdv = create_rendezvous(group, self.size)
+        self.node_ids = ray.get(
+            [a.setup.remote(self.size, r, group, self.backend) for r, a in enumerate(self.actors)],
+            timeout=self.gang_timeout_s + 60,
+        )
 
     def restart(self) -> Gang:
         """Replace every rank (after a failure, the survivors may be stuck in recv)."""

@@ -42,12 +42,17 @@ class _Shared:
         self.ref = ref
 
 
+class StageAborted(RuntimeError):
+    """Raised in a surviving rank blocked on a dead peer, so that the rank can be reused."""
+
+
 class Mailbox:
     """Messages delivered to this process, by stage and (source, key)."""
 
     def __init__(self):
         self._cond = threading.Condition()
         self._boxes: dict[str, dict[tuple[int, tuple], Any]] = {}
+        self._aborted: set[str] = set()
 
     def put(self, stage: str, src: int, key: tuple, obj: Any) -> None:
         with self._cond:
@@ -58,6 +63,8 @@ class Mailbox:
         deadline = time.monotonic() + timeout_s
         with self._cond:
             while True:
+                if stage in self._aborted:
+                    raise StageAborted(f"stage {stage} was aborted (a peer died)")
                 box = self._boxes.get(stage)
                 if box is not None and (src, key) in box:
                     return box.pop((src, key))
@@ -74,6 +81,13 @@ class Mailbox:
         with self._cond:
             for s in [s for s in self._boxes if s != stage]:
                 del self._boxes[s]
+            self._aborted.intersection_update({stage})
+
+    def abort(self, stage: str) -> None:
+        """Make every ``take`` of ``stage`` (waiting now or later) raise :class:`StageAborted`."""
+        with self._cond:
+            self._aborted.add(stage)
+            self._cond.notify_all()
 
 
 class MailboxHost:

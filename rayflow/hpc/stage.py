@@ -8,9 +8,12 @@ store without copies. The blocks ``fn`` returns become a new :class:`BlockDatase
 grid. They are return values of the actor calls, so the driver owns them and they survive the
 gang's teardown (an object ``ray.put`` inside the actor would die with it).
 
-Recovery: if a rank dies (actor death, node loss), every rank of the gang is replaced and the
-stage runs again from the same input refs; earlier stages are not recomputed because their
-outputs are driver-owned refs. User exceptions are not retried: they would fail again.
+Recovery: if a rank dies (actor death, node loss), the stage runs again from the same input
+refs; earlier stages are not recomputed because their outputs are driver-owned refs. With the
+Ray-native backend only the dead ranks are replaced, in their own placement-group bundles: the
+survivors' runs are aborted (a rank waiting on the dead peer is woken) and every rank joins a
+new group. With gloo, whose blocked receives cannot be woken, the whole gang is replaced.
+User exceptions are not retried: they would fail again.
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ class StageInfo:
         attempts: how many times the stage ran (1 when nothing failed).
         failures: a short description of each failed attempt.
         gang_starts: gangs started for this stage (0 when it reused a started gang).
+        ranks_replaced: rank actors started to replace dead ones (a whole gang counts all).
         wall_s: driver-side time from submission to the last rank's completion, all attempts.
         rank_wall_s: per-rank time inside the rank function, last attempt.
         rank_maxrss_bytes: per-rank peak RSS, last attempt.
@@ -54,6 +58,7 @@ class StageInfo:
     attempts: int = 0
     failures: list[str] = field(default_factory=list)
     gang_starts: int = 0
+    ranks_replaced: int = 0
     wall_s: float = 0.0
     rank_wall_s: list[float] = field(default_factory=list)
     rank_maxrss_bytes: list[int] = field(default_factory=list)
@@ -69,6 +74,35 @@ def _wait_all(status_refs: list) -> list[dict]:
         for ref in ready:
             out[index[ref]] = ray.get(ref)
     return out
+
+
+def _stop_survivors(g: Gang, stage_id: str, calls: list, timeout_s: float = 30.0) -> set[int]:
+    """Abort the stage on every rank and wait for the runs to end; the ranks that are dead.
+
+    A rank whose run does not end within ``timeout_s`` (stuck outside a receive) counts as
+    dead, so it is replaced too.
+    """
+    for actor in g.actors:
+        actor.abort.options(num_returns=0).remote(stage_id)
+    status_refs = [c[0] for c in calls]
+    done, stuck = ray.wait(status_refs, num_returns=len(status_refs), timeout=timeout_s,
+                           fetch_local=False)
+    dead = {status_refs.index(ref) for ref in stuck}
+    for ref in done:
+        r = status_refs.index(ref)
+        try:
+            ray.get(ref)
+            continue  # this rank had finished: its outputs are fine (and unread)
+        except RayActorError:
+            dead.add(r)
+        except Exception:  # noqa: BLE001 - aborted (StageAborted) or failed: the rank lives
+            pass
+        for out in calls[r][1:]:  # the call's other returns hold the same error: read them,
+            try:  # or Ray logs each as an unhandled error
+                ray.get(out)
+            except Exception:  # noqa: BLE001
+                pass
+    return dead
 
 
 def mpimap(
@@ -153,12 +187,18 @@ def mpimap(
                 raise
             except RayActorError as err:
                 info.failures.append(f"attempt {info.attempts}: {type(err).__name__}")
-                g.shutdown()  # survivors may be blocked in recv: replace the whole gang
                 if info.attempts > retries:
+                    g.shutdown()
                     raise StageError(
                         f"stage {info.name!r} lost a rank in {info.attempts} attempts "
                         f"(max_retries={retries}): {info.failures}"
                     ) from err
+                if g.backend == "ray":
+                    dead = _stop_survivors(g, stage_id, calls)
+                    info.ranks_replaced += g.repair(dead)
+                else:
+                    g.shutdown()  # survivors may be blocked in a gloo recv: a new gang
+                    info.ranks_replaced += g.size
                 continue
             break
     finally:

@@ -48,14 +48,31 @@ def test_killed_rank_reruns_only_its_stage(ray_session):
     ds = BlockDataset.from_numpy(np.arange(4.0), 2)
     with Gang(2, rank_num_cpus=0.5) as gang:
         s1 = mpimap(_first, ds, fn_args=(counter,), gang=gang)
+        before = [a._actor_id for a in gang.actors]
         s2 = mpimap(_second, s1, fn_args=(counter, {0}), gang=gang)
-        assert gang.starts == 2  # the gang was replaced once
+        after = [a._actor_id for a in gang.actors]
+        assert gang.starts == 1  # the gang was repaired, not replaced
+        assert after[0] == before[0] and after[1] != before[1]
     np.testing.assert_array_equal(s2.to_numpy(), np.full(4, 10.0))
     counts = ray.get(counter.get.remote())
     assert counts == {"first:0": 2, "second:0": 2, "second:1": 2}  # stage 1 not recomputed
     assert s1.stage.attempts == 1
-    assert s2.stage.attempts == 2 and s2.stage.gang_starts == 1
+    assert s2.stage.attempts == 2 and s2.stage.gang_starts == 0
+    assert s2.stage.ranks_replaced == 1  # only the killed rank; rank 0 (blocked) was reused
     assert "ActorDiedError" in s2.stage.failures[0] or "RayActorError" in s2.stage.failures[0]
+
+
+def test_gloo_gang_is_replaced_whole_after_a_death(ray_session):
+    """A survivor blocked in a gloo receive cannot be woken: the whole gang is replaced."""
+    pytest.importorskip("torch")
+    counter = Counter.remote()
+    ds = BlockDataset.from_numpy(np.arange(4.0), 2)
+    with Gang(2, backend="gloo", rank_num_cpus=0.5) as gang:
+        out = mpimap(_second, ds, fn_args=(counter, {0}), gang=gang)
+        assert gang.starts == 2
+    np.testing.assert_array_equal(out.to_numpy(), np.full(4, 6.0))
+    assert out.stage.attempts == 2 and out.stage.ranks_replaced == 2
+    assert ray.get(counter.get.remote()) == {"second:0": 2, "second:1": 2}
 
 
 @pytest.mark.slow
