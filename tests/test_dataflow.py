@@ -76,6 +76,8 @@ def _linear(par_map=1, par_sink=1, edge=None, opts=None):
     ({"opts": {"out": {"start_new_chain": True}}}, {"src": "src", "m": "src", "out": "out"}),
     ({"opts": {"m": {"disable_chaining": True}}}, {"src": "src", "m": "m", "out": "out"}),
     ({"opts": {"m": {"actor_num_cpus": 1}}}, {"src": "src", "m": "m", "out": "out"}),
+    ({"opts": {"m": {"actor_env": {"A": "1"}}, "out": {"actor_env": {"A": "1"}}}},
+     {"src": "src", "m": "m", "out": "m"}),  # same env: m and out chain, apart from src
 ])
 def test_chains_follow_one_to_one_edges(kw, expected):
     opts = kw.pop("opts", {})

@@ -107,9 +107,15 @@ class Job:
                 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
                 strategy = NodeAffinitySchedulingStrategy(spread[n % len(spread)], soft=True)
+            extra = {}
+            if step.options.get("actor_env"):
+                # environment variables of this chain's actor process (Ray merges them over
+                # the job's), e.g. glibc malloc settings for a step that moves large buffers
+                extra["runtime_env"] = {"env_vars": {k: str(v) for k, v in
+                                                     step.options["actor_env"].items()}}
             actor = StepHost.options(
                 num_cpus=step.options.get("actor_num_cpus", opts.actor_num_cpus),
-                scheduling_strategy=strategy,
+                scheduling_strategy=strategy, **extra,
             ).remote([built[k] for k in keys], opts, self.flow.dead_letter_sink,
                      self.coordinator, chk.tick_s)
             for k in keys:

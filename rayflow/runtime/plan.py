@@ -83,7 +83,7 @@ def make_plan(flow: Dataflow) -> Plan:
     return plan
 
 
-_ACTOR_OPTIONS = ("actor_num_cpus", "scheduling_strategy")
+_ACTOR_OPTIONS = ("actor_num_cpus", "scheduling_strategy", "actor_env")
 
 
 def chains(flow: Dataflow, enabled: bool = True) -> dict[str, str]:

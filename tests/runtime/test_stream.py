@@ -39,6 +39,25 @@ def test_map_filter_flat_map_exact_output(ray_session, chaining):
     assert job.status() == "FINISHED"
 
 
+def _env(_):
+    import os
+
+    return (os.environ.get("RF_TEST_ENV"), os.environ.get("MALLOC_ARENA_MAX", "unset"))
+
+
+def test_actor_env_sets_the_environment_of_its_steps_only(ray_session):
+    f = rf.Dataflow("env")
+    (f.source("in", rf.MemorySource([1, 2]))
+      .map("plain", _env)
+      .map("tuned", lambda r: (*r, *_env(None)), start_new_chain=True,
+           actor_env={"RF_TEST_ENV": "yes"})
+      .sink("out", rf.CollectSink(), actor_env={"RF_TEST_ENV": "yes"}))
+    job = f.run(timeout_s=120, background=True)
+    assert len(job.actors()) == 2  # in+plain | tuned+out
+    job.wait(120)
+    assert job.collect("out") == [(None, "unset", "yes", "unset")] * 2
+
+
 def test_key_by_sends_equal_keys_to_one_instance(ray_session):
     words = [f"k{i % 37}" for i in range(5000)]
     f = rf.Dataflow("keyed")
