@@ -44,6 +44,13 @@ IMAGE_STREAM = {"batch_size": 256, "channel_calls": 4, "channel_bytes": 8 << 20}
 # so the unsplit chains keep the faster heap.
 SPLIT_ENV = {"MALLOC_MMAP_THRESHOLD_": str(1 << 20)}
 
+# For chains that run the whole pipeline (no image crosses an actor): keep up to 64 MiB of
+# freed heap instead of 4 MiB. Each image frees buffers of the sizes the next one allocates;
+# trimming them gave the pages back to the OS only to fault them in again. Measured at
+# 1200 px, two such chains: 29.7-30.1 images/s against 27.8-28.7 (1.87x the loop against
+# 1.73-1.78x; 1000 px: 1.83x against 1.77x), job USS 239 MB against 237 MB.
+WHOLE_ENV = {"MALLOC_TRIM_THRESHOLD_": str(64 << 20)}
+
 LOCAL_RAY = {
     "_system_config": {"free_objects_period_milliseconds": 100},
     "runtime_env": {"env_vars": {"MALLOC_MMAP_THRESHOLD_": str(32 << 20),
