@@ -65,8 +65,6 @@ def _cannon_with_fault(comm, a, b):
 def measure_recovery(n: int, p: int, reps: int) -> dict:
     """One rank killed after its first GEMM vs the failure-free run, medians of ``reps``
     pairs; every run starts its own gang (the start is most of either time at small n)."""
-    from _common import machine_info
-
     from rayflow.hpc import BlockDataset, cannon_matmul, mpimap
     from rayflow.hpc.cannon_index import skew_a_source, skew_b_source
 

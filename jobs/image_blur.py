@@ -37,6 +37,13 @@ IMAGE_STREAM = {"batch_size": 256, "channel_calls": 4, "channel_bytes": 8 << 20}
 # (with the 256 KiB threshold every image was a fresh mmap whose page faults cost ~15% of
 # the throughput), a 4 MiB trim threshold gives freed images back to the OS, and two arenas
 # per process stop the control threads from keeping heaps of their own.
+LOCAL_RAY = {
+    "_system_config": {"free_objects_period_milliseconds": 100},
+    "runtime_env": {"env_vars": {"MALLOC_MMAP_THRESHOLD_": str(32 << 20),
+                                 "MALLOC_TRIM_THRESHOLD_": str(4 << 20),
+                                 "MALLOC_ARENA_MAX": "2"}},
+}
+
 # For a pipeline split between actors (every decoded image crosses the object store): serve
 # image buffers by mmap from 1 MiB up, so that a freed image goes back to the OS at once.
 # Measured at 1200 px, parallelism 1 split in two chains: job USS 263-404 MB with the 32 MiB
@@ -48,15 +55,9 @@ SPLIT_ENV = {"MALLOC_MMAP_THRESHOLD_": str(1 << 20)}
 # freed heap instead of 4 MiB. Each image frees buffers of the sizes the next one allocates;
 # trimming them gave the pages back to the OS only to fault them in again. Measured at
 # 1200 px, two such chains: 29.7-30.1 images/s against 27.8-28.7 (1.87x the loop against
-# 1.73-1.78x; 1000 px: 1.83x against 1.77x), job USS 239 MB against 237 MB.
+# 1.73-1.78x; 1000 px: 1.83x against 1.77x). It keeps more heap: job USS 252 MB against
+# 222 MB at 1200 px in the N = 1000 benchmark runs (docs/images.md): memory for speed.
 WHOLE_ENV = {"MALLOC_TRIM_THRESHOLD_": str(64 << 20)}
-
-LOCAL_RAY = {
-    "_system_config": {"free_objects_period_milliseconds": 100},
-    "runtime_env": {"env_vars": {"MALLOC_MMAP_THRESHOLD_": str(32 << 20),
-                                 "MALLOC_TRIM_THRESHOLD_": str(4 << 20),
-                                 "MALLOC_ARENA_MAX": "2"}},
-}
 
 
 def build_flow(input_dir: str, *, output_dir: str | None = None, readers: int = 1,

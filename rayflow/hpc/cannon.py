@@ -31,11 +31,10 @@ def _accumulate(c: np.ndarray, a: np.ndarray, b: np.ndarray) -> None:
 
         gemm = get_blas_funcs("gemm", (c,))
         out = gemm(1.0, b.T, a.T, beta=1.0, c=c.T, overwrite_c=True)
-        if out.base is c or np.shares_memory(out, c):
-            return
-        c[...] = out.T  # not in place (an unexpected layout): still correct
-        return
-    c += a @ b
+        if out.base is not c:
+            c[...] = out.T  # not in place (an unexpected layout): still correct
+    else:
+        c += a @ b
 
 
 def cannon_rank(comm, a: np.ndarray, b: np.ndarray) -> np.ndarray:

@@ -91,11 +91,6 @@ class Request:
             w.wait()
         self._works = []
 
-    @staticmethod
-    def waitall(requests: Sequence[Request]) -> None:
-        for r in requests:
-            r.wait()
-
 
 def _reduce_values(values: list[Any], op: str) -> Any:
     try:

@@ -199,10 +199,7 @@ class Gang:
         other case, or if the repair fails, the whole gang is replaced. Returns how many rank
         actors were started.
         """
-        if not self.started:
-            self.start()
-            return self.size
-        if self.backend != "ray" or self._pg is None:
+        if self.backend != "ray" or self._pg is None:  # not started: restart() starts it
             self.restart()
             return self.size
         try:

@@ -20,10 +20,11 @@ from typing import Any
 
 import numpy as np
 
+from rayflow.hpc.comm import REDUCE_OPS, Request
+
 _DTYPES = [np.float64, np.float32, np.int64, np.int32, np.uint8, np.int8, np.int16, np.bool_]
 _CODE = {np.dtype(d): i for i, d in enumerate(_DTYPES)}
 _ARRAY, _PICKLE = 0, 1
-_UFUNCS = {"sum": np.add, "prod": np.multiply, "min": np.minimum, "max": np.maximum}
 _HDR = 8  # kind, dtype code, ndim, d0..d3, element or byte count
 
 
@@ -88,39 +89,37 @@ class GlooTransport:
 
         self._torch, self._dist = torch, dist
         self.rank, self.size = rank, size
-        self._pending: list[Any] = []  # in-flight isend works (and their buffers)
+        self._pending: list[_Work] = []  # in-flight sends (and their buffers)
         self._local: dict[tuple, Any] = {}
 
     def _tag(self, key: tuple) -> int:
         return zlib.crc32(repr(key).encode()) & 0x7FFFFFFF
 
-    def send(self, dest: int, key: tuple, obj: Any) -> None:
-        if dest == self.rank:
-            self._local[key] = obj.copy() if isinstance(obj, np.ndarray) else obj
-            return
-        hdr, data = _encode(obj)
-        tag = self._tag(key)
-        th, td = self._torch.from_numpy(hdr), self._torch.from_numpy(data)
-        self._pending.append((self._dist.isend(th, dest, tag=tag), th))
-        self._pending.append((self._dist.isend(td, dest, tag=tag), td))
-        self._pending = [(w, t) for w, t in self._pending if not w.is_completed()]
-
-    def isend(self, dest: int, key: tuple, obj: Any) -> Any:
-        """Send without the snapshot: ``obj`` must stay unchanged until the request's wait."""
-        from rayflow.hpc.comm import Request
-
-        if dest == self.rank:
-            self.send(dest, key, obj)
-            return Request()
-        hdr, data = _encode(obj, copy=False)
+    def _start(self, dest: int, key: tuple, obj: Any, copy: bool) -> list[_Work]:
+        """Start the header and payload sends of ``obj`` (a copy of it, or ``obj`` itself)."""
+        hdr, data = _encode(obj, copy=copy)
         tag = self._tag(key)
         with warnings.catch_warnings():
             # object-store blocks are read-only; torch warns that writing through the tensor
             # is undefined, but a send only reads it
             warnings.simplefilter("ignore", UserWarning)
             th, td = self._torch.from_numpy(hdr), self._torch.from_numpy(data)
-        return Request([_Work(self._dist.isend(th, dest, tag=tag), th),
-                        _Work(self._dist.isend(td, dest, tag=tag), td, obj)])
+        return [_Work(self._dist.isend(th, dest, tag=tag), th),
+                _Work(self._dist.isend(td, dest, tag=tag), td, obj)]
+
+    def send(self, dest: int, key: tuple, obj: Any) -> None:
+        if dest == self.rank:
+            self._local[key] = obj.copy() if isinstance(obj, np.ndarray) else obj
+            return
+        self._pending += self._start(dest, key, obj, copy=True)
+        self._pending = [w for w in self._pending if not w.is_completed()]
+
+    def isend(self, dest: int, key: tuple, obj: Any) -> Request:
+        """Send without the snapshot: ``obj`` must stay unchanged until the request's wait."""
+        if dest == self.rank:
+            self.send(dest, key, obj)
+            return Request()
+        return Request(self._start(dest, key, obj, copy=False))
 
     def send_many(self, dests: Sequence[int], key: tuple, obj: Any) -> None:
         for d in dests:
@@ -155,7 +154,7 @@ class GlooTransport:
 
     def flush(self) -> None:
         """Wait for every in-flight send."""
-        for w, _ in self._pending:
+        for w in self._pending:
             w.wait()
         self._pending = []
 
@@ -195,7 +194,7 @@ class GlooNative:
         each step combines the same two partial results, and the ufuncs commute exactly.
         A rank count that is not a power of two first folds the extra ranks into partners.
         """
-        t, ufunc = self._t, _UFUNCS[op]
+        t, ufunc = self._t, REDUCE_OPS[op]
         p, r = t.size, t.rank
         self._seq = (getattr(self, "_seq", 0) + 1) & 0xFFFFF
         pof2 = 1 << (p.bit_length() - 1)

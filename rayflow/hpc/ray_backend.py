@@ -198,12 +198,3 @@ def join_group(world_size: int, rank: int, group_name: str, timeout_s: float = 6
             time.sleep(0.01)
     return RayTransport(rank, peers, host._rf_mailbox(), stage="group:" + group_name)
 
-
-def __getattr__(name: str) -> Any:
-    # the ray.util.collective side lives in its own module (it imports torch when installed)
-    if name in ("RayNativeGroup", "register_ray_backend"):
-        from rayflow.hpc import ray_collective
-
-        return getattr(ray_collective, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
