@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from concurrent.futures import Future
 from typing import Any
 
 import numpy as np
@@ -31,11 +32,55 @@ class SourceReader:
         """Release clients and files."""
 
 
+class SplitEnumerator:
+    """Hands a source's splits (files, ...) to its readers on request: Flink's
+    ``SplitEnumerator`` (FLIP-27). The runtime keeps one per source step beside the job's
+    coordinator; a reader asks through ``ctx.splits`` whenever it runs low, so a faster
+    reader takes more work and all readers finish together. Pure logic: no Ray.
+
+    Its state is not checkpointed: :meth:`SourceSpec.enumerator` rebuilds it from the
+    readers' snapshots (what they finished), so a split handed out but not finished before
+    a failure is handed out again.
+    """
+
+    def assign(self, instance: int) -> list | None:
+        """Splits for reader ``instance``: a list (empty when there are none just now, e.g.
+        a watched directory), or None when there will never be more."""
+        raise NotImplementedError
+
+
+class LocalSplits:
+    """``ctx.splits`` for readers that share an enumerator in one process (tests, tools):
+    each request is answered at once."""
+
+    def __init__(self, enumerator: SplitEnumerator, instance: int):
+        self.enumerator, self.instance = enumerator, instance
+
+    def request(self) -> Future:
+        f: Future = Future()
+        f.set_result(self.enumerator.assign(self.instance))
+        return f
+
+
+def guided_chunk(remaining: int, parallelism: int, cap: int = 1024) -> int:
+    """How many of ``remaining`` splits one request takes: OpenMP's *guided* schedule,
+    ``ceil(remaining / 2p)`` (at least 1, at most ``cap``). Large chunks early keep requests
+    few (about ``2p·ln(n/2p)`` for ``n`` splits); small ones at the end let the readers
+    finish within one split of each other."""
+    return max(1, min(cap, -(-remaining // (2 * max(parallelism, 1)))))
+
+
 class SourceSpec:
     """Picklable description of a source."""
 
     def build(self, ctx: StepContext, resume_state: Any = None) -> SourceReader:
         raise NotImplementedError
+
+    def enumerator(self, parallelism: int, restored: list[Any]) -> SplitEnumerator | None:
+        """The step's :class:`SplitEnumerator`, or None (the default) when each reader finds
+        its own share (Kafka partitions, a static split). ``restored`` holds the resume
+        state of every instance of the checkpoint restored from (empty on a fresh start)."""
+        return None
 
 
 class SinkWriter:

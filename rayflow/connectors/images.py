@@ -34,7 +34,8 @@ import os
 import struct
 import time
 import uuid
-from collections import OrderedDict
+from collections import OrderedDict, deque
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, NamedTuple
@@ -42,8 +43,22 @@ from typing import Any, Literal, NamedTuple
 import numpy as np
 
 from rayflow.batches import brief
-from rayflow.connectors.base import SinkSpec, SinkWriter, SourceReader, SourceSpec
-from rayflow.operators.base import DeadLetter, Logic, OperatorSpec, Output, StepContext
+from rayflow.connectors.base import (
+    SinkSpec,
+    SinkWriter,
+    SourceReader,
+    SourceSpec,
+    SplitEnumerator,
+    guided_chunk,
+)
+from rayflow.operators.base import (
+    DeadLetter,
+    Logic,
+    OperatorSpec,
+    Output,
+    Rescaled,
+    StepContext,
+)
 from rayflow.operators.image import CvLogic, Halo, Tile, cut_tile, place_tile, tile_regions
 
 MiB = 1 << 20
@@ -61,9 +76,14 @@ class BadInput(NamedTuple):
 class DirectorySource(SourceSpec):
     """Files of a directory as ``(path, bytes)`` records, in name order.
 
-    Instance ``i`` of ``n`` reads every ``n``-th file. With ``watch=True`` the source keeps
-    scanning for new files (until the job is stopped); a file is read once its size and
-    modification time have not changed for ``settle_s``, so half-written files are not read.
+    Under the runtime the files are handed out on request by the step's
+    :class:`~rayflow.connectors.base.SplitEnumerator` (as Flink's FileSource does): in
+    guided chunks, large at first and one file at the end, so parallel readers finish
+    together even when one runs slower. Without an enumerator (a reader built on its own)
+    instance ``i`` of ``n`` reads every ``n``-th file. With ``watch=True`` the directory is
+    scanned again every ``poll_interval_s`` (until the job is stopped); a file is read once
+    its size and modification time have not changed for ``settle_s``, so half-written files
+    are not read.
 
     Args:
         path: the directory.
@@ -89,19 +109,35 @@ class DirectorySource(SourceSpec):
     def build(self, ctx: StepContext, resume_state: Any = None) -> SourceReader:
         return _DirectoryReader(self, ctx, resume_state)
 
+    def enumerator(self, parallelism: int, restored: list[Any]) -> SplitEnumerator:
+        return _FileEnumerator(self, parallelism, _finished(restored))
 
-class _DirectoryReader(SourceReader):
-    def __init__(self, spec: DirectorySource, ctx: StepContext, resume_state: Any):
-        self.spec, self.k, self.n = spec, ctx.instance, ctx.parallelism
-        self.root = Path(spec.path)
+
+def _finished(states: Any) -> set[str]:
+    """Files finished according to resume states: one instance's list, a :class:`Rescaled`
+    (every old instance's), or a list of such lists."""
+    if isinstance(states, Rescaled):
+        states = states.handles
+    elif states and isinstance(states[0], str):
+        return set(states)
+    return {name for s in states or () if s for name in s}
+
+
+class _Scanner:
+    """Finds a :class:`DirectorySource`'s files once each, in name order; when watching,
+    only after they have settled. ``mine(name, position)`` filters (a static split)."""
+
+    def __init__(self, spec: DirectorySource, skip: set[str], mine: Any = None):
+        self.spec, self.root, self.mine = spec, Path(spec.path), mine
         if not self.root.is_dir():
             raise ValueError(f"DirectorySource: {spec.path!r} is not a directory")
-        self.done: set[str] = set(resume_state or ())
-        self.queue: list[str] = []
-        self.seen_stat: dict[str, tuple[int, int, float]] = {}  # path -> (size, mtime, since)
+        self.seen = set(skip)  # finished or handed out already
+        self.settling: dict[str, tuple[int, int, float]] = {}  # path -> (size, mtime, since)
         self.last_scan = -1e9
         self.scanned_once = False
-        self._scan()
+
+    def due(self) -> bool:
+        return time.monotonic() - self.last_scan >= self.spec.poll_interval_s
 
     def _names(self) -> list[str]:
         pat = self.spec.pattern
@@ -111,19 +147,13 @@ class _DirectoryReader(SourceReader):
         with os.scandir(self.root) as it:
             return sorted(e.path for e in it if fnmatch.fnmatch(e.name, pat) and e.is_file())
 
-    def _mine(self, name: str, position: int) -> bool:
-        if self.spec.watch:
-            import zlib  # positions shift as files arrive: split by a stable hash of the name
-
-            return zlib.crc32(name.encode()) % self.n == self.k
-        return position % self.n == self.k
-
-    def _scan(self) -> None:
+    def scan(self) -> list[str]:
+        """The files not seen before (and, watching, settled since the first scan)."""
         now = time.monotonic()
         self.last_scan = now
-        queued = set(self.queue)
+        out = []
         for pos, name in enumerate(self._names()):
-            if name in self.done or name in queued or not self._mine(name, pos):
+            if name in self.seen or (self.mine is not None and not self.mine(name, pos)):
                 continue
             if self.spec.watch and self.scanned_once:
                 try:
@@ -131,29 +161,101 @@ class _DirectoryReader(SourceReader):
                 except OSError:
                     continue
                 sig = (st.st_size, st.st_mtime_ns)
-                prev = self.seen_stat.get(name)
+                prev = self.settling.get(name)
                 if prev is None or prev[:2] != sig:
-                    self.seen_stat[name] = (*sig, now)
+                    self.settling[name] = (*sig, now)
                     continue
                 if now - prev[2] < self.spec.settle_s:
                     continue
-                self.seen_stat.pop(name, None)
-            self.queue.append(name)
+                self.settling.pop(name, None)
+            self.seen.add(name)
+            out.append(name)
         self.scanned_once = True
+        return out
 
-    def poll(self, max_records, timeout_s):
-        if not self.queue and self.spec.watch:
-            wait = self.last_scan + self.spec.poll_interval_s - time.monotonic()
+
+class _FileEnumerator(SplitEnumerator):
+    """The files of a :class:`DirectorySource` in guided chunks (see
+    :func:`~rayflow.connectors.base.guided_chunk`). The first scan happens at the first
+    request, where the enumerator lives."""
+
+    def __init__(self, spec: DirectorySource, parallelism: int, finished: set[str]):
+        self.spec, self.parallelism = spec, parallelism
+        self.scanner = _Scanner(spec, finished)
+        self.queue: deque[str] = deque()
+
+    def assign(self, instance: int) -> list[str] | None:
+        if not self.scanner.scanned_once or (self.spec.watch and self.scanner.due()):
+            self.queue.extend(self.scanner.scan())
+        if not self.queue:
+            return [] if self.spec.watch else None
+        n = guided_chunk(len(self.queue), self.parallelism)
+        return [self.queue.popleft() for _ in range(n)]
+
+
+class _DirectoryReader(SourceReader):
+    def __init__(self, spec: DirectorySource, ctx: StepContext, resume_state: Any):
+        self.spec, self.splits = spec, ctx.splits
+        finished = _finished(resume_state)
+        if self.splits is not None and isinstance(resume_state, Rescaled) and ctx.instance:
+            finished = set()  # instance 0 carries every old instance's files on
+        self.done: set[str] = finished
+        self.queue: deque[str] = deque()
+        self.pending: Any = None  # a Future of the enumerator's next assignment
+        self.no_more = False  # the enumerator has nothing left, ever
+        self.ask_after = 0.0  # watching, nothing new: ask again after this monotonic time
+        self.scanner = None
+        if self.splits is None:
+            k, n = ctx.instance, ctx.parallelism
+            if spec.watch:
+                import zlib  # positions shift as files arrive: split by a stable hash
+
+                def mine(name, pos):
+                    return zlib.crc32(name.encode()) % n == k
+            else:
+                def mine(name, pos):
+                    return pos % n == k
+            self.scanner = _Scanner(spec, finished, mine)
+            self.queue.extend(self.scanner.scan())
+
+    def _refill(self, timeout_s: float) -> None:
+        if self.scanner is not None:  # static split
+            if self.spec.watch:
+                wait = self.scanner.last_scan + self.spec.poll_interval_s - time.monotonic()
+                if wait > 0:
+                    time.sleep(min(wait, timeout_s))
+                if self.scanner.due():
+                    self.queue.extend(self.scanner.scan())
+            return
+        if self.no_more:
+            return
+        if self.pending is None:
+            wait = self.ask_after - time.monotonic()
             if wait > 0:
                 time.sleep(min(wait, timeout_s))
-            if time.monotonic() - self.last_scan >= self.spec.poll_interval_s:
-                self._scan()
+                if time.monotonic() < self.ask_after:
+                    return
+            self.pending = self.splits.request()
+        try:
+            got = self.pending.result(timeout=max(timeout_s, 0.0))
+        except FutureTimeout:
+            return
+        self.pending = None
+        if got is None:
+            self.no_more = True
+        elif not got:
+            self.ask_after = time.monotonic() + self.spec.poll_interval_s
+        self.queue.extend(got or ())
+
+    def poll(self, max_records, timeout_s):
+        if not self.queue:
+            self._refill(timeout_s)
         if not self.queue:
             return None
         out, total = [], 0
         limit = self.spec.max_file_bytes
         while self.queue and len(out) < max_records and total < self.spec.max_batch_bytes:
-            name = self.queue.pop(0)
+            name = self.queue.popleft()
             self.done.add(name)
             try:
                 size = os.path.getsize(name)
@@ -168,11 +270,16 @@ class _DirectoryReader(SourceReader):
                 continue
             out.append((name, data))
             total += len(data)
+        if self.splits is not None and self.pending is None and not self.no_more and \
+                len(self.queue) < len(out):
+            self.pending = self.splits.request()  # the next batch may need more: ask now
         return out, None
 
     @property
     def exhausted(self) -> bool:
-        return not self.spec.watch and not self.queue
+        if self.queue:
+            return False
+        return self.no_more if self.scanner is None else not self.spec.watch
 
     def snapshot(self) -> list[str]:
         return sorted(self.done)

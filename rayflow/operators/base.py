@@ -28,6 +28,9 @@ class StepContext:
     state_backend: Any = None  # a rayflow.state.StateBackend; memory when None
     guarantee: str = "at_least_once"  # the job's processing guarantee
     run_id: str = ""  # unique per job run (survives recovery): keys commit markers
+    # a source's link to its step's SplitEnumerator: ``splits.request()`` returns a
+    # concurrent.futures.Future of ``enumerator.assign(instance)``; None without one
+    splits: Any = None
 
 
 @dataclass(frozen=True)

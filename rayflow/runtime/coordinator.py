@@ -25,6 +25,8 @@ class CoordinatorActor:
         self._stop_waiters: dict[int, threading.Event] = {}
         self._aborted: dict[int, str] = {}  # savepoints aborted, and why
         self._running = True
+        self.enumerators: dict[str, Any] = {}  # source step -> SplitEnumerator
+        self.split_lock = threading.Lock()  # not self.lock: a checkpoint must not delay reads
         threading.Thread(target=self._loop, daemon=True).start()
 
     def attach(self, hosts: dict, sources: list, first_id: int,
@@ -61,6 +63,17 @@ class CoordinatorActor:
         with self.lock:
             if self.core is not None:
                 self._do(self.core.task_finished(task, time.time()))
+
+    def set_enumerators(self, enumerators: dict[str, Any]) -> bool:
+        """The split enumerators of the source steps (replaced at each start or recovery)."""
+        with self.split_lock:
+            self.enumerators = dict(enumerators)
+        return True
+
+    def assign_splits(self, step_id: str, instance: int) -> list | None:
+        """A source reader asks its step's enumerator for more splits."""
+        with self.split_lock:
+            return self.enumerators[step_id].assign(instance)
 
     def position(self, task: tuple[str, int], pos: Any) -> None:
         """At-most-once sources record their position before emitting."""
@@ -139,3 +152,14 @@ class CoordinatorActor:
                 if ev is not None:  # a savepoint waiting for it: it has its answer
                     self._aborted[act.checkpoint_id] = act.reason
                     ev.set()
+
+
+class SplitClient:
+    """``ctx.splits`` of a source reader under the runtime: asks the step's enumerator,
+    which lives in the coordinator actor, without blocking (a Future of its answer)."""
+
+    def __init__(self, coordinator: Any, step_id: str, instance: int):
+        self.coordinator, self.step_id, self.instance = coordinator, step_id, instance
+
+    def request(self) -> Any:
+        return self.coordinator.assign_splits.remote(self.step_id, self.instance).future()

@@ -19,7 +19,7 @@ from rayflow.config import RayflowConfig, load_config
 from rayflow.dataflow import Dataflow
 from rayflow.errors import StepError
 from rayflow.metrics import StepCounters, latency_windows, summarize_latency
-from rayflow.operators.base import Rescaled, StepContext
+from rayflow.operators.base import Rescaled, StepContext, describe_exception
 from rayflow.runtime.channel import unwrap
 from rayflow.runtime.plan import chains, make_plan
 
@@ -71,6 +71,7 @@ class Job:
     def _spawn(self, latest: Any, first_id: int, positions: dict) -> None:
         import ray
 
+        from rayflow.runtime.coordinator import SplitClient
         from rayflow.runtime.host import StepHost
         from rayflow.state import backend_from_name
 
@@ -81,11 +82,28 @@ class Job:
         old_par = Counter(s for s, _ in handles_in)
         spread = _spread_nodes() if opts.scheduling_strategy == "SPREAD" else []
         built: dict[tuple[str, int], tuple] = {}  # instance -> (step, ctx, resume)
+        enumerators = {}  # source step -> SplitEnumerator, rebuilt from what readers finished
+        for step in self.flow.steps:
+            if step.kind == "source":
+                restored = [positions.get((step.step_id, j), handles_in.get((step.step_id, j)))
+                            for j in range(old_par.get(step.step_id, 0))]
+                try:
+                    enum = step.spec.enumerator(step.parallelism, restored)
+                except Exception as exc:  # noqa: BLE001 - e.g. no such directory
+                    self._teardown()
+                    self.state = "FAILED"
+                    self.error = StepError(step.step_id, 0, "(split enumerator)",
+                                           describe_exception(exc))
+                    raise self.error from None
+                if enum is not None:
+                    enumerators[step.step_id] = enum
         for key in self.plan.instances():
             step_id, i = key
             step = steps[step_id]
             ctx = StepContext(step_id, i, step.parallelism, self.flow.name, backend,
-                              chk.processing_guarantee, self.run_id)
+                              chk.processing_guarantee, self.run_id,
+                              SplitClient(self.coordinator, step_id, i)
+                              if step_id in enumerators else None)
             resume = handles_in.get(key)
             if old_par.get(step_id, step.parallelism) != step.parallelism:
                 n_old = old_par[step_id]
@@ -130,7 +148,8 @@ class Job:
                     {k: self.plan.outputs[k] for k in keys}, dict(handles),
                     {k: self.plan.inputs[k] for k in keys})
                 for head, keys in members.items()
-            ] + [self.coordinator.attach.remote(dict(self.hosts), sources, first_id, latest)])
+            ] + [self.coordinator.attach.remote(dict(self.hosts), sources, first_id, latest),
+                 self.coordinator.set_enumerators.remote(enumerators)])
         except Exception as exc:  # noqa: BLE001 - a step failed to build (bad config, no topic)
             self._teardown()
             self.state = "FAILED"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import time
 
@@ -10,6 +11,7 @@ import numpy as np
 import pytest
 
 import rayflow as rf
+from rayflow.connectors.base import LocalSplits, guided_chunk
 from rayflow.connectors.images import (
     BadInput,
     DecodeImage,
@@ -28,7 +30,7 @@ from rayflow.connectors.images import (
     write_image_set,
 )
 from rayflow.connectors.kafka import KafkaMessage
-from rayflow.operators.base import StepContext
+from rayflow.operators.base import Rescaled, StepContext
 
 CTX = StepContext("s", 0, 1)
 
@@ -119,6 +121,83 @@ def test_directory_source_watches_for_settled_new_files(tmp_path):
     assert [os.path.basename(p) for p, _ in got] == ["new.png"]
     assert reader.poll(10, 0.01) is None  # read once
     assert len(reader.snapshot()) == 3
+
+
+def test_guided_chunks_cover_every_split_in_few_requests_ending_with_one():
+    for n, p in [(1000, 2), (7, 3), (1, 1), (100_000, 4)]:
+        sizes, left = [], n
+        while left:
+            sizes.append(guided_chunk(left, p))
+            left -= sizes[-1]
+        assert sum(sizes) == n and sizes[-1] == 1 and max(sizes) <= 1024
+        assert sizes == sorted(sizes, reverse=True)
+        assert len(sizes) <= 2 * p * (math.log(max(n / (2 * p), 1)) + 1) + n // 1024 + 1
+    assert guided_chunk(1000, 2) == 250
+
+
+def _shared_readers(tmp_path, n, restored=(), resume=(None, None), **kw):
+    spec = DirectorySource(str(tmp_path), "*.png", **kw)
+    enum = spec.enumerator(2, list(restored))
+    return [spec.build(StepContext("r", k, 2, splits=LocalSplits(enum, k)), resume[k])
+            for k in range(2)]
+
+
+def test_directory_source_hands_files_to_the_reader_that_asks(tmp_path):
+    paths = write_image_set(tmp_path, 200, 8)
+    fast, slow = _shared_readers(tmp_path, 200, max_batch_bytes=1)  # one file per batch
+    got = {0: [], 1: []}
+    while not (fast.exhausted and slow.exhausted):
+        for _ in range(3):  # the fast reader polls three times for each poll of the slow one
+            polled = fast.poll(10, 0.0)
+            got[0] += [p for p, _ in polled[0]] if polled else []
+        polled = slow.poll(10, 0.0)
+        got[1] += [p for p, _ in polled[0]] if polled else []
+    assert sorted(got[0] + got[1]) == sorted(str(p) for p in paths)  # each file once
+    assert 140 <= len(got[0]) <= 160 and 40 <= len(got[1]) <= 60  # 3 : 1, by demand
+    assert fast.poll(10, 0.0) is None and slow.poll(10, 0.0) is None
+    assert set(fast.snapshot()) | set(slow.snapshot()) == {str(p) for p in paths}
+
+
+def _drain(reader):
+    out = []
+    while not reader.exhausted:
+        polled = reader.poll(100, 0.0)
+        out += [p for p, _ in polled[0]] if polled else []
+    return out
+
+
+def test_directory_source_restores_from_what_every_reader_finished(tmp_path):
+    paths = [str(p) for p in write_image_set(tmp_path, 10, 8)]
+    done = [paths[:3], paths[5:6]]  # two readers' snapshots
+    readers = _shared_readers(tmp_path, 10, restored=done, resume=done)
+    read = [p for r in readers for p in _drain(r)]
+    assert sorted(read) == paths[3:5] + paths[6:]
+    # rescaled: every old snapshot reaches every new instance; instance 0 carries them on
+    resc = Rescaled(tuple(done), 2)
+    a, b = _shared_readers(tmp_path, 10, restored=[*done], resume=(resc, resc))
+    assert set(a.snapshot()) == set(paths[:3] + paths[5:6]) and b.snapshot() == []
+    # a reader on its own (no enumerator) reads its static share, minus what was finished
+    alone = DirectorySource(str(tmp_path), "*.png").build(StepContext("r", 1, 2), resc)
+    assert _drain(alone) == [paths[3], paths[7], paths[9]]  # odd positions, 1 and 5 done
+
+
+def test_watched_directory_hands_out_new_files_once(tmp_path):
+    write_image_set(tmp_path, 4, 8)
+    a, b = _shared_readers(tmp_path, 4, watch=True, poll_interval_s=0.05, settle_s=0.1)
+    first = [p for r in (a, b) for p, _ in (r.poll(10, 0.0) or ([], None))[0]]
+    first += [p for r in (a, b) for p, _ in (r.poll(10, 0.0) or ([], None))[0]]
+    assert len(first) == 4 and not a.exhausted and not b.exhausted
+    (tmp_path / "new.png").write_bytes(_png())
+    got, deadline = [], time.time() + 5
+    while len(got) < 1 and time.time() < deadline:
+        for r in (a, b):
+            polled = r.poll(10, 0.05)
+            got += [p for p, _ in polled[0]] if polled else []
+    time.sleep(0.2)
+    for r in (a, b):
+        polled = r.poll(10, 0.1)
+        got += [p for p, _ in polled[0]] if polled else []
+    assert [os.path.basename(p) for p in got] == ["new.png"]
 
 
 def test_synthetic_source_is_deterministic_and_byte_bounded():
