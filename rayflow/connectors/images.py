@@ -109,7 +109,9 @@ class DirectorySource(SourceSpec):
     def build(self, ctx: StepContext, resume_state: Any = None) -> SourceReader:
         return _DirectoryReader(self, ctx, resume_state)
 
-    def enumerator(self, parallelism: int, restored: list[Any]) -> SplitEnumerator:
+    def enumerator(self, parallelism: int, restored: list[Any]) -> SplitEnumerator | None:
+        if parallelism == 1:
+            return None  # nothing to balance: the one reader scans for itself
         return _FileEnumerator(self, parallelism, _finished(restored))
 
 
@@ -217,6 +219,8 @@ class _DirectoryReader(SourceReader):
                     return pos % n == k
             self.scanner = _Scanner(spec, finished, mine)
             self.queue.extend(self.scanner.scan())
+        else:
+            self.pending = self.splits.request()  # the first files, while the job starts
 
     def _refill(self, timeout_s: float) -> None:
         if self.scanner is not None:  # static split

@@ -161,5 +161,21 @@ class SplitClient:
     def __init__(self, coordinator: Any, step_id: str, instance: int):
         self.coordinator, self.step_id, self.instance = coordinator, step_id, instance
 
-    def request(self) -> Any:
-        return self.coordinator.assign_splits.remote(self.step_id, self.instance).future()
+    def request(self) -> _Reply:
+        return _Reply(self.coordinator.assign_splits.remote(self.step_id, self.instance))
+
+
+class _Reply:
+    """The part of a Future's API a reader uses, over an ObjectRef (``ObjectRef.future()``
+    took 0.4-0.9 ms to report a reply that had long arrived; ``ray.get`` takes ~0.1 ms)."""
+
+    def __init__(self, ref: Any):
+        self.ref = ref
+
+    def result(self, timeout: float | None = None) -> Any:
+        from concurrent.futures import TimeoutError as FutureTimeout
+
+        try:
+            return ray.get(self.ref, timeout=timeout)
+        except ray.exceptions.GetTimeoutError:
+            raise FutureTimeout() from None

@@ -97,6 +97,8 @@ class Job:
                     raise self.error from None
                 if enum is not None:
                     enumerators[step.step_id] = enum
+        # before any reader is built: a reader asks for its first splits as it is built
+        ray.get(self.coordinator.set_enumerators.remote(enumerators))
         for key in self.plan.instances():
             step_id, i = key
             step = steps[step_id]
@@ -148,8 +150,7 @@ class Job:
                     {k: self.plan.outputs[k] for k in keys}, dict(handles),
                     {k: self.plan.inputs[k] for k in keys})
                 for head, keys in members.items()
-            ] + [self.coordinator.attach.remote(dict(self.hosts), sources, first_id, latest),
-                 self.coordinator.set_enumerators.remote(enumerators)])
+            ] + [self.coordinator.attach.remote(dict(self.hosts), sources, first_id, latest)])
         except Exception as exc:  # noqa: BLE001 - a step failed to build (bad config, no topic)
             self._teardown()
             self.state = "FAILED"

@@ -133,6 +133,7 @@ def test_guided_chunks_cover_every_split_in_few_requests_ending_with_one():
         assert sizes == sorted(sizes, reverse=True)
         assert len(sizes) <= 2 * p * (math.log(max(n / (2 * p), 1)) + 1) + n // 1024 + 1
     assert guided_chunk(1000, 2) == 250
+    assert DirectorySource("/tmp").enumerator(1, []) is None  # one reader: nothing to balance
 
 
 def _shared_readers(tmp_path, n, restored=(), resume=(None, None), **kw):
