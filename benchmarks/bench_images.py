@@ -50,7 +50,8 @@ CONFIGS = {
     # (its actors free each image to the OS: images cross actors here, see SPLIT_ENV)
     "p1": {"readers": 1, "blur_parallelism": 1, "writers": 1, "split": True,
            "actor_env": SPLIT_ENV},
-    "blur2": {"readers": 1, "blur_parallelism": 2, "writers": 1},
+    # images cross actors twice (decode -> blur -> encode): SPLIT_ENV as for p1
+    "blur2": {"readers": 1, "blur_parallelism": 2, "writers": 1, "actor_env": SPLIT_ENV},
     # both cores: two chains of read + decode + blur + encode, no image crosses an actor
     # (each chain frees buffers the next image reuses: keep them, see WHOLE_ENV)
     "both": {"readers": 2, "blur_parallelism": 2, "writers": 2, "actor_env": WHOLE_ENV},

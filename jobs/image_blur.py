@@ -47,8 +47,9 @@ LOCAL_RAY = {
 # For a pipeline split between actors (every decoded image crosses the object store): serve
 # image buffers by mmap from 1 MiB up, so that a freed image goes back to the OS at once.
 # Measured at 1200 px, parallelism 1 split in two chains: job USS 263-404 MB with the 32 MiB
-# threshold, 221 MB with this one, for 4-6% of the throughput; set per step (``actor_env``),
-# so the unsplit chains keep the faster heap.
+# threshold, 221 MB with this one, for 4-6% of the throughput; with the blur at parallelism
+# 2 (images cross twice) the job grew 1.55x from 50 to 1200 px without it, 1.29x with it.
+# Set per step (``actor_env``), so the unsplit chains keep the faster heap.
 SPLIT_ENV = {"MALLOC_MMAP_THRESHOLD_": str(1 << 20)}
 
 # For chains that run the whole pipeline (no image crosses an actor): keep up to 64 MiB of
@@ -58,6 +59,15 @@ SPLIT_ENV = {"MALLOC_MMAP_THRESHOLD_": str(1 << 20)}
 # 1.73-1.78x; 1000 px: 1.83x against 1.77x). It keeps more heap: job USS 252 MB against
 # 222 MB at 1200 px in the N = 1000 benchmark runs (docs/images.md): memory for speed.
 WHOLE_ENV = {"MALLOC_TRIM_THRESHOLD_": str(64 << 20)}
+
+
+def tuned_env(readers: int = 1, blur_parallelism: int = 1, writers: int = 1,
+              split: bool = False) -> dict:
+    """The per-step malloc settings measured best for this shape of the pipeline:
+    :data:`SPLIT_ENV` when images cross actors, :data:`WHOLE_ENV` when every chain runs the
+    whole pipeline (all steps at one parallelism, not split)."""
+    whole = not split and readers == blur_parallelism == writers
+    return WHOLE_ENV if whole else SPLIT_ENV
 
 
 def build_flow(input_dir: str, *, output_dir: str | None = None, readers: int = 1,
@@ -168,7 +178,8 @@ def main(address, input_dir, output_dir, count, size, readers, blur_parallelism,
         summary = run_w1(input_dir, address=address, measure_memory=memory,
                          output_dir=output_dir, readers=readers,
                          blur_parallelism=blur_parallelism, writers=writers, ksize=ksize,
-                         sigma=sigma, border=border, channels=channels)
+                         sigma=sigma, border=border, channels=channels,
+                         actor_env=tuned_env(readers, blur_parallelism, writers))
         print(json.dumps(summary, indent=2))
     finally:
         if tmp is not None:

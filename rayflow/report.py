@@ -135,8 +135,9 @@ def _machine_line(doc: dict) -> str:
         parts.append(f"Python {m['python']}")
     line = f"**Machine:** {', '.join(parts)}. **Date:** {_date(doc)}."
     if load is not None and cores and load > cores:
-        line += (" The load was above the core count: other work shared the machine, so "
-                 "absolute figures are pessimistic and noisy; the same-run ratios hold better.")
+        line += (" The load was above the core count: it counts the benchmark's own "
+                 "processes and anything else that ran, so absolute figures may be "
+                 "pessimistic; the same-run ratios hold better.")
     return line
 
 
@@ -224,9 +225,12 @@ def _w1(doc: dict, ctx: _Ctx) -> list[str]:
     mem = [[str(r["side"])] + [r[c]["memory"]["uss_peak_above_idle_mb"] for c in configs]
            + [r[c]["memory"]["object_store_peak_mb"] for c in configs]
            + list(pub.get(r["side"], (None, None))[:2]) for r in rows]
-    probed = (f" They come from a separate run of each configuration on {_n(doc['memory_images'])} "
-              "of the images, with the memory probe sampling; the throughput runs above have no "
-              "probe, like the loop." if doc.get("memory_images") else "")
+    runs = doc.get("memory_runs", 1)
+    probed = (f" They come from separate runs of each configuration on {_n(doc['memory_images'])} "
+              "of the images, with the memory probe sampling"
+              + (f" (the median of {runs} runs)" if runs > 1 else "")
+              + "; the throughput runs above have no probe, like the loop."
+              if doc.get("memory_images") else "")
     lines += ["Peak memory, MB: USS of all rayflow processes above an idle Ray, and the object "
               "store's peak (published: whole job)." + probed, ""] + _table(mem_h, mem)
     first, last = rows[0], rows[-1]

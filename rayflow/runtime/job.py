@@ -85,8 +85,10 @@ class Job:
         enumerators = {}  # source step -> SplitEnumerator, rebuilt from what readers finished
         for step in self.flow.steps:
             if step.kind == "source":
-                restored = [positions.get((step.step_id, j), handles_in.get((step.step_id, j)))
-                            for j in range(old_par.get(step.step_id, 0))]
+                # at-most-once: the positions recorded before each batch left win (they
+                # exist even when no checkpoint completed)
+                keys = sorted({k for k in [*handles_in, *positions] if k[0] == step.step_id})
+                restored = [positions.get(k, handles_in.get(k)) for k in keys]
                 try:
                     enum = step.spec.enumerator(step.parallelism, restored)
                 except Exception as exc:  # noqa: BLE001 - e.g. no such directory

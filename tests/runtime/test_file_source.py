@@ -7,8 +7,11 @@ from __future__ import annotations
 import time
 from collections import Counter
 
+import pytest
+
 import rayflow as rf
 from rayflow.connectors.images import DirectorySource
+from rayflow.errors import StepError
 from rayflow.operators.stateless import Map
 from rayflow.operators.windows import Count, CountWindow
 from rayflow.testing import CrashDuringCheckpoint
@@ -68,3 +71,9 @@ def test_rescaled_readers_continue_without_loss_or_duplicates(ray_session, tmp_p
     for k, v in first.collect("out") + second.collect("out"):
         total[k] += v
     assert dict(total) == dict(Counter(WORDS))
+
+
+def test_a_missing_directory_fails_the_job_naming_the_step(ray_session, tmp_path):
+    flow = _flow("files-missing", tmp_path / "nope")
+    with pytest.raises(StepError, match=r"step 'read'.*is not a directory"):
+        flow.run(timeout_s=60)

@@ -63,6 +63,13 @@ def test_w1_job_blurs_every_good_file_and_dead_letters_the_bad(ray_session, tmp_
     assert job.throughput("write") > 0
 
 
+def test_w1_job_picks_malloc_settings_by_the_shape_of_its_pipeline():
+    w1 = _job_module()
+    assert w1.tuned_env(2, 2, 2) is w1.WHOLE_ENV  # every chain runs the whole pipeline
+    assert w1.tuned_env(1, 2, 1) is w1.SPLIT_ENV  # images cross actors
+    assert w1.tuned_env(1, 1, 1, split=True) is w1.SPLIT_ENV
+
+
 @pytest.mark.parametrize("border", ["reflect101", "constant", "wrap"])
 def test_tiled_blur_in_parallel_actors_equals_whole_image(ray_session, border):
     blur = GaussianBlur(7, 2.5, 1.5, border)
