@@ -178,6 +178,14 @@ class MemoryProbe:
             "growth_by_process_mb": self.growth_by_process(),
         }
 
+    def peak_of(self, name_part: str) -> float:
+        """MB: the summed peak USS of the processes whose name contains ``name_part`` (e.g.
+        ``"StepHost"``), whole, whether or not they existed at idle. Unlike the growth above
+        idle, it does not depend on whether an actor started a new process or took over one
+        of Ray's idle workers (whose USS is part of the idle baseline)."""
+        return round(sum(v for k, v in self.peak_by_process.items()
+                         if name_part in _NAMES.get(k, "")) / MB, 1)
+
     def growth_by_process(self, top: int = 8) -> dict[str, float]:
         """The processes whose USS grew most over idle (new processes: their whole USS)."""
         growth = {k: v - self.idle_by_process.get(k, 0) for k, v in self.peak_by_process.items()}

@@ -122,23 +122,28 @@ def _tiled_npy_blur(tmp_path: Path, side: int, tile: int) -> tuple[dict, Path, P
     with probe:
         flow.run(stream={"batch_size": 2, "channel_calls": 2, "channel_bytes": 8 << 20},
                  timeout_s=600)
-    return probe.report(), src, dst
+    return {**probe.report(), "step_hosts_mb": probe.peak_of("StepHost")}, src, dst
 
 
 @pytest.mark.slow
 def test_16k_tiled_blur_is_exact_in_flat_memory(ray_session, tmp_path):
     """A 16384² image (256 MB) is blurred tile by tile in memory that does not grow with it.
 
-    Bound stated: the job's peak USS above idle Ray (driver + actors) for the 16k image is
-    within 64 MB of the same job on a 2048² image (64× fewer pixels), and under 600 MB in
-    all. That is four actor processes of about 75 MB each (Python, Ray, numpy, OpenCV), one
-    tile batch per actor and channels of at most 8 MiB each: never the image.
+    Bound stated: the job's actor processes (their whole USS at peak) for the 16k image stay
+    within 128 MB of the same job's on a 2048² image (64× fewer pixels): holding half of the
+    input image, or of the output, would break it. The job's peak USS above idle Ray (driver
+    + actors) stays under 400 MB, less than the image in and out (512 MB). Measured here:
+    the actors total 190-200 MB at 2048², 229 MB at 8192² and 255-277 MB at 16384², about
+    20 MB more per actor process (three of them) for 64× the pixels.
+    Growth above idle is not compared between the two runs. An actor that takes over one of
+    Ray's idle workers grows ~50 MB less than one that starts a new process, and which of the
+    two happens varies from run to run. The driver's first job in a process also adds ~30 MB.
     """
     small, _, _ = _tiled_npy_blur(tmp_path, 2048, 1024)
     big, src, dst = _tiled_npy_blur(tmp_path, 16384, 1024)
     print("2048:", small, "\n16384:", big)
-    assert big["uss_peak_above_idle_mb"] < small["uss_peak_above_idle_mb"] + 64
-    assert big["uss_peak_above_idle_mb"] < 600
+    assert big["step_hosts_mb"] < small["step_hosts_mb"] + 128
+    assert big["uss_peak_above_idle_mb"] < 400
     image, out = np.load(src), np.load(dst, mmap_mode="r")
     want = cv2.GaussianBlur(image, (5, 5), 3, sigmaY=3)
     assert np.array_equal(out, want)
