@@ -134,7 +134,9 @@ def test_16k_tiled_blur_is_exact_in_flat_memory(ray_session, tmp_path):
     input image, or of the output, would break it. The job's peak USS above idle Ray (driver
     + actors) stays under 400 MB, less than the image in and out (512 MB). Measured here:
     the actors total 190-200 MB at 2048², 229 MB at 8192² and 255-277 MB at 16384², about
-    20 MB more per actor process (three of them) for 64× the pixels.
+    20 MB more per actor process (three of them) for 64× the pixels: the working set of the
+    batches in flight, which the longer run's samples catch at its highest (smaps read while
+    the jobs ran: heap and anonymous memory per actor equal at both sizes, no accumulation).
     Growth above idle is not compared between the two runs. An actor that takes over one of
     Ray's idle workers grows ~50 MB less than one that starts a new process, and which of the
     two happens varies from run to run. The driver's first job in a process also adds ~30 MB.
