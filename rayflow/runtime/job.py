@@ -84,13 +84,14 @@ class Job:
         built: dict[tuple[str, int], tuple] = {}  # instance -> (step, ctx, resume)
         enumerators = {}  # source step -> SplitEnumerator, rebuilt from what readers finished
         for step in self.flow.steps:
-            if step.kind == "source":
+            make = getattr(step.spec, "enumerator", None)  # a source not derived from
+            if step.kind == "source" and make is not None:  # SourceSpec has none
                 # at-most-once: the positions recorded before each batch left win (they
                 # exist even when no checkpoint completed)
                 keys = sorted({k for k in [*handles_in, *positions] if k[0] == step.step_id})
                 restored = [positions.get(k, handles_in.get(k)) for k in keys]
                 try:
-                    enum = step.spec.enumerator(step.parallelism, restored)
+                    enum = make(step.parallelism, restored)
                 except Exception as exc:  # noqa: BLE001 - e.g. no such directory
                     self._teardown()
                     self.state = "FAILED"
