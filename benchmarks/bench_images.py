@@ -36,7 +36,7 @@ import click  # noqa: E402
 import cv2  # noqa: E402
 import numpy as np  # noqa: E402
 from _common import RESULTS_DIR, print_table, ratio, write_result  # noqa: E402
-from image_blur import SPLIT_ENV, WHOLE_ENV  # noqa: E402
+from image_blur import tuned_env  # noqa: E402
 
 SIZES = [50, 100, 200, 400, 600, 800, 1000, 1200]
 # Tables 2 and 3 of the study (after tuning): memory MB and throughput images/s
@@ -47,15 +47,15 @@ PUBLISHED = {
 }
 CONFIGS = {
     # parallelism 1 per step, two chains: read + decode | blur + encode (two cores overlap)
-    # (its actors free each image to the OS: images cross actors here, see SPLIT_ENV)
-    "p1": {"readers": 1, "blur_parallelism": 1, "writers": 1, "split": True,
-           "actor_env": SPLIT_ENV},
-    # images cross actors twice (decode -> blur -> encode): SPLIT_ENV as for p1
-    "blur2": {"readers": 1, "blur_parallelism": 2, "writers": 1, "actor_env": SPLIT_ENV},
+    "p1": {"readers": 1, "blur_parallelism": 1, "writers": 1, "split": True},
+    "blur2": {"readers": 1, "blur_parallelism": 2, "writers": 1},
     # both cores: two chains of read + decode + blur + encode, no image crosses an actor
-    # (each chain frees buffers the next image reuses: keep them, see WHOLE_ENV)
-    "both": {"readers": 2, "blur_parallelism": 2, "writers": 2, "actor_env": WHOLE_ENV},
+    "both": {"readers": 2, "blur_parallelism": 2, "writers": 2},
 }
+# the job's malloc settings for each shape: SPLIT_ENV where images cross actors (p1, blur2),
+# WHOLE_ENV where each chain runs the whole pipeline (both); see jobs/image_blur.py
+for _cfg in CONFIGS.values():
+    _cfg["actor_env"] = tuned_env(**_cfg)
 
 
 def opencv_loop(files: list[Path]) -> dict:

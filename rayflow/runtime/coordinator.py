@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
+from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
 import ray
@@ -173,8 +174,6 @@ class _Reply:
         self.ref = ref
 
     def result(self, timeout: float | None = None) -> Any:
-        from concurrent.futures import TimeoutError as FutureTimeout
-
         try:
             return ray.get(self.ref, timeout=timeout)
         except ray.exceptions.GetTimeoutError:

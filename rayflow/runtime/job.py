@@ -82,24 +82,7 @@ class Job:
         old_par = Counter(s for s, _ in handles_in)
         spread = _spread_nodes() if opts.scheduling_strategy == "SPREAD" else []
         built: dict[tuple[str, int], tuple] = {}  # instance -> (step, ctx, resume)
-        enumerators = {}  # source step -> SplitEnumerator, rebuilt from what readers finished
-        for step in self.flow.steps:
-            make = getattr(step.spec, "enumerator", None)  # a source not derived from
-            if step.kind == "source" and make is not None:  # SourceSpec has none
-                # at-most-once: the positions recorded before each batch left win (they
-                # exist even when no checkpoint completed)
-                keys = sorted({k for k in [*handles_in, *positions] if k[0] == step.step_id})
-                restored = [positions.get(k, handles_in.get(k)) for k in keys]
-                try:
-                    enum = make(step.parallelism, restored)
-                except Exception as exc:  # noqa: BLE001 - e.g. no such directory
-                    self._teardown()
-                    self.state = "FAILED"
-                    self.error = StepError(step.step_id, 0, "(split enumerator)",
-                                           describe_exception(exc))
-                    raise self.error from None
-                if enum is not None:
-                    enumerators[step.step_id] = enum
+        enumerators = self._enumerators(handles_in, positions)
         # before any reader is built: a reader asks for its first splits as it is built
         ray.get(self.coordinator.set_enumerators.remote(enumerators))
         for key in self.plan.instances():
@@ -155,11 +138,34 @@ class Job:
                 for head, keys in members.items()
             ] + [self.coordinator.attach.remote(dict(self.hosts), sources, first_id, latest)])
         except Exception as exc:  # noqa: BLE001 - a step failed to build (bad config, no topic)
-            self._teardown()
-            self.state = "FAILED"
-            self.error = unwrap(exc)
-            raise self.error from None
+            self._fail_start(unwrap(exc))
         self._runs = {self.hosts[k].run.remote(): k for k in sources}
+
+    def _enumerators(self, handles_in: dict, positions: dict) -> dict[str, Any]:
+        """Each source step's SplitEnumerator (if its spec makes one), rebuilt from what its
+        readers finished: the checkpoint's snapshots, or at-most-once positions, which are
+        recorded before each batch leaves and exist even when no checkpoint completed."""
+        out = {}
+        for step in self.flow.steps:
+            make = getattr(step.spec, "enumerator", None)  # absent: not derived from SourceSpec
+            if step.kind != "source" or make is None:
+                continue
+            keys = sorted({k for k in [*handles_in, *positions] if k[0] == step.step_id})
+            try:
+                enum = make(step.parallelism, [positions.get(k, handles_in.get(k)) for k in keys])
+            except Exception as exc:  # noqa: BLE001 - e.g. no such directory
+                self._fail_start(StepError(step.step_id, 0, "(split enumerator)",
+                                           describe_exception(exc)))
+            if enum is not None:
+                out[step.step_id] = enum
+        return out
+
+    def _fail_start(self, error: BaseException) -> None:
+        """Starting the instances failed: nothing may keep running; raise ``error``."""
+        self._teardown()
+        self.state = "FAILED"
+        self.error = error
+        raise error from None
 
     def _recover(self, cause: BaseException) -> None:
         """Restore every instance from the last completed checkpoint and go on."""
