@@ -15,15 +15,14 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "jobs"))
 
 import click  # noqa: E402
 import numpy as np  # noqa: E402
 from _common import print_table, ratio, write_result  # noqa: E402
-from stream_solve import build_flow, reference_fits  # noqa: E402
 
 import rayflow as rf  # noqa: E402
 from rayflow._raycontext import ensure_ray  # noqa: E402
+from rayflow.examples.stream_solve import build_flow, reference_fits
 
 
 def run(windows: int, rows: int, features: int, reuse: bool) -> dict:

@@ -2,7 +2,16 @@
 
     python jobs/image_blur.py --size 400 --count 200            # synthetic PNGs, local Ray
     python jobs/image_blur.py --input ./imgs --output ./blurred --blur-parallelism 2
+    python jobs/image_blur.py --input ./photos --ext jpg,jpeg --recursive --output ./blurred
+    python jobs/image_blur.py --input ./imgs --pattern 'shot-*.png'
     ray job submit --working-dir . -- python jobs/image_blur.py --address auto --input /data/imgs
+
+The input is every file whose name matches ``--pattern`` (a glob; repeat it for several) or,
+by default, has one of the ``--ext`` extensions (``png,jpg,jpeg,tif,tiff,bmp,webp``, in lower
+or upper case). An input directory where nothing matches is an error (exit code 2), not an
+empty run. With ``--output``, each image is written as PNG at its path relative to the input
+(``a/shot.jpg`` -> ``OUT/a/shot.png``); two inputs that would share an output name (``photo.png``
+and ``photo.jpg``) make the second a dead letter, never an overwrite.
 
 Bad files (empty, truncated, corrupt, not images, wrong channel count, oversize) go to the
 dead-letter output with their path and the reason; the job counts them and goes on.
@@ -25,6 +34,27 @@ from rayflow.connectors.images import (
     write_image_set,
 )
 from rayflow.operators.image import GaussianBlur
+
+# Extensions read by default: the formats OpenCV decodes that photos and scans come in.
+IMAGE_EXTENSIONS = ("png", "jpg", "jpeg", "tif", "tiff", "bmp", "webp")
+
+
+def ext_patterns(extensions) -> tuple[str, ...]:
+    """Globs for file extensions (``"jpg"`` or ``".jpg"``), in lower and upper case."""
+    out = []
+    for e in extensions:
+        e = e.strip().lstrip(".")
+        if not e or any(c in e for c in "*?[]/"):
+            raise ValueError(f"not a file extension: {e!r}")
+        for v in (e.lower(), e.upper()):
+            if f"*.{v}" not in out:
+                out.append(f"*.{v}")
+    if not out:
+        raise ValueError("no file extension given")
+    return tuple(out)
+
+
+IMAGE_PATTERNS = ext_patterns(IMAGE_EXTENSIONS)
 
 # Channels hold at most 4 batches and 8 MiB each: the paper's fix for Storm was bounded
 # queues of 2–4 images; byte bounds keep 1200 px images as cheap to hold as 50 px ones. A
@@ -74,8 +104,9 @@ def build_flow(input_dir: str, *, output_dir: str | None = None, readers: int = 
                decoders: int | None = None, blur_parallelism: int = 1, writers: int = 1,
                ksize: int = 5, sigma: float = 3.0, border: str = "reflect101",
                channels: int | None = None, max_pixels: int | None = 100_000_000,
-               pattern: str = "*.png", watch: bool = False,
-               split: bool = False, actor_env: dict | None = None) -> rf.Dataflow:
+               pattern: str | tuple[str, ...] = IMAGE_PATTERNS, recursive: bool = False,
+               watch: bool = False, split: bool = False,
+               actor_env: dict | None = None) -> rf.Dataflow:
     """The W1 dataflow: read → decode → blur → encode PNG (drop, or write to a directory).
 
     Reading and decoding run at ``readers`` (the paper's reader both reads and decodes;
@@ -90,8 +121,8 @@ def build_flow(input_dir: str, *, output_dir: str | None = None, readers: int = 
     decoders = decoders or readers
     # 1 MiB of files per batch: one 1200 px image at a time, a few hundred small ones
     s = flow.source("read", DirectorySource(input_dir, pattern, watch=watch,
-                                            max_batch_bytes=1 << 20), parallelism=readers,
-                    **env)
+                                            max_batch_bytes=1 << 20, recursive=recursive),
+                    parallelism=readers, **env)
     if decoders != readers:
         s = s.rebalance()
     s = s.apply("decode", DecodeImage(channels=channels, max_pixels=max_pixels),
@@ -102,7 +133,7 @@ def build_flow(input_dir: str, *, output_dir: str | None = None, readers: int = 
                 on_error="dead_letter", start_new_chain=split, **env)
     if writers != blur_parallelism:
         s = s.rebalance()
-    sink = DirectorySink(output_dir) if output_dir else PngDiscardSink()
+    sink = DirectorySink(output_dir, relative_to=input_dir) if output_dir else PngDiscardSink()
     s.sink("write", sink, parallelism=writers, on_error="dead_letter", **env)
     return flow
 
@@ -165,10 +196,22 @@ def run_w1(input_dir: str, *, address: str | None = None, measure_memory: bool =
 @click.option("--border", default="reflect101", show_default=True,
               type=click.Choice(["reflect101", "reflect", "replicate", "constant", "wrap"]))
 @click.option("--channels", default=None, type=int, help="Required channels; others are dead letters.")
+@click.option("--pattern", "patterns", multiple=True,
+              help="Glob of the input file names (repeat for several); overrides --ext.")
+@click.option("--ext", "extensions", default=",".join(IMAGE_EXTENSIONS), show_default=True,
+              help="Comma-separated extensions of the input files (any case).")
+@click.option("--recursive/--no-recursive", default=False, show_default=True,
+              help="Read the input's subdirectories too.")
 @click.option("--memory/--no-memory", default=True, help="Measure peak USS and object store.")
 def main(address, input_dir, output_dir, count, size, readers, blur_parallelism, writers, ksize,
-         sigma, border, channels, memory):
+         sigma, border, channels, patterns, extensions, recursive, memory):
     """Run W1 and print a JSON summary."""
+    try:
+        pattern = tuple(patterns) if patterns else ext_patterns(extensions.split(","))
+        if input_dir is not None:
+            _check_input(input_dir, DirectorySource(input_dir, pattern, recursive=recursive))
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
     tmp = None
     if input_dir is None:
         tmp = tempfile.TemporaryDirectory(prefix="w1-")
@@ -178,12 +221,27 @@ def main(address, input_dir, output_dir, count, size, readers, blur_parallelism,
         summary = run_w1(input_dir, address=address, measure_memory=memory,
                          output_dir=output_dir, readers=readers,
                          blur_parallelism=blur_parallelism, writers=writers, ksize=ksize,
-                         sigma=sigma, border=border, channels=channels,
+                         sigma=sigma, border=border, channels=channels, pattern=pattern,
+                         recursive=recursive,
                          actor_env=tuned_env(readers, blur_parallelism, writers))
         print(json.dumps(summary, indent=2))
     finally:
         if tmp is not None:
             tmp.cleanup()
+
+
+def _check_input(input_dir: str, source: DirectorySource) -> None:
+    """Fail before starting Ray when the input has nothing to read (``ValueError``)."""
+    from pathlib import Path
+
+    root = Path(input_dir)
+    if not root.is_dir():
+        raise ValueError(f"--input {input_dir!r} is not a directory")
+    files = root.rglob("*") if source.recursive else root.iterdir()
+    if not any(p.is_file() and source.matches(p.name) for p in files):
+        pats = " or ".join(repr(p) for p in source.patterns)
+        raise ValueError(f"no file in {'or below ' if source.recursive else ''}"
+                         f"{input_dir!r} matches {pats}")
 
 
 if __name__ == "__main__":

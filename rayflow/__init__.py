@@ -10,7 +10,7 @@ Importing rayflow does not import Ray; the runtime starts (or connects to) Ray w
 import os as _os
 
 # Ray 2.60 turns token auth on; a client that connects by address, or that starts a local
-# instance after a token was written, needs this before Ray is imported (see RAY_NOTES).
+# instance after a token was written, needs this before Ray is imported.
 _os.environ.setdefault("RAY_AUTH_MODE", "token")
 
 from rayflow.batches import Field  # noqa: E402
@@ -32,6 +32,7 @@ __all__ = [
     "KafkaSource",
     "MemorySource",
     "StepError",
+    "init",
     "load_config",
     "run",
 ]
@@ -43,3 +44,33 @@ def run(flow, **kwargs):
     from rayflow.runtime.job import run as _run
 
     return _run(flow, **kwargs)
+
+
+def init(address=None, num_cpus=None, **ray_options):
+    """Start the embedded local Ray, or connect to a cluster; returns the ``ray`` module.
+
+    Optional: streams and MPI stages start the embedded Ray themselves when nothing did.
+
+    Args:
+        address: a cluster (``auto``, ``host:6379`` or ``ray://host:10001``); ``None`` starts
+            a private local Ray (never another cluster on the machine by accident).
+        num_cpus: logical CPUs of the local Ray (default: the machine's cores).
+        **ray_options: passed to ``ray.init`` (e.g. ``namespace``).
+
+    Raises:
+        RuntimeError: Ray already runs in this process and ``address`` or ``num_cpus`` asks
+            for another one.
+
+    Example:
+        ``rayflow.init(num_cpus=4)`` before the first stage.
+    """
+    import ray
+
+    from rayflow._raycontext import ensure_ray
+
+    if ray.is_initialized() and (address is not None or num_cpus is not None or ray_options):
+        raise RuntimeError(
+            "Ray already runs in this process; call rayflow.init(...) before anything starts "
+            "it, or ray.shutdown() first"
+        )
+    return ensure_ray(address, num_cpus, **ray_options)

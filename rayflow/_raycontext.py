@@ -2,8 +2,9 @@
 
 Ray is imported lazily so that importing the rayflow API does not import Ray.
 ``RAY_AUTH_MODE=token`` must be in the environment before Ray is imported when a
-client connects to a cluster by address (see RAY_NOTES: token auth is on by default),
-so it is set here, once, for every entry point.
+client connects to a cluster by address (Ray 2.60 turns token authentication on by
+default), so it is set here, once, for every entry point. The public entry point is
+:func:`rayflow.init`.
 """
 
 from __future__ import annotations
@@ -13,6 +14,10 @@ import sys
 from typing import Any
 
 os.environ.setdefault("RAY_AUTH_MODE", "token")
+
+# The GCS address of the local instance this process started (None: none, or it was
+# connected to by address), so that callers can tell the embedded Ray from a cluster.
+_embedded_gcs: str | None = None
 
 
 def ensure_ray(address: str | None = None, num_cpus: int | None = None, **kwargs: Any) -> Any:
@@ -32,7 +37,10 @@ def ensure_ray(address: str | None = None, num_cpus: int | None = None, **kwargs
     kwargs.setdefault("log_to_driver", True)
     kwargs.setdefault("ignore_reinit_error", True)
     if address is None:
-        kwargs.setdefault("include_dashboard", False)
+        if "include_dashboard" not in kwargs:  # e.g. RAYFLOW_RAY__INCLUDE_DASHBOARD=1
+            from rayflow.config import load_config
+
+            kwargs["include_dashboard"] = load_config().ray.include_dashboard
         # Workers of the local instance run on this machine: give them the driver's import
         # path, so functions from a script's sibling modules (not installed) unpickle there.
         runtime_env = dict(kwargs.pop("runtime_env", None) or {})
@@ -53,7 +61,61 @@ def ensure_ray(address: str | None = None, num_cpus: int | None = None, **kwargs
         system_config.setdefault("free_objects_period_milliseconds", 100)
         ray.init(address="local", num_cpus=num_cpus, runtime_env=runtime_env,
                  _system_config=system_config, **kwargs)
+        global _embedded_gcs
+        _embedded_gcs = ray.get_runtime_context().gcs_address
     else:
         kwargs.pop("include_dashboard", None)
         ray.init(address=address, **kwargs)
     return ray
+
+
+def is_embedded() -> bool:
+    """Whether this process is connected to the local Ray it started itself (which no
+    autoscaler grows: what it has is all there will be)."""
+    import ray
+
+    return (_embedded_gcs is not None and ray.is_initialized()
+            and ray.get_runtime_context().gcs_address == _embedded_gcs)
+
+
+def ensure_ray_default() -> Any:
+    """Ray for a library call made before anything started it (``BlockDataset``, ``mpimap``).
+
+    Inside a process that Ray started for a job (``RAY_ADDRESS`` holds a cluster address)
+    this connects to that cluster, as ``ray.init()`` would; anywhere else it starts the
+    embedded local instance, as :func:`rayflow.init` does by default.
+    """
+    import ray
+
+    if ray.is_initialized():
+        return ray
+    address = os.environ.get("RAY_ADDRESS") or None
+    if address is not None and "://" in address and not address.startswith("ray://"):
+        address = None  # a dashboard URL (for job submission), not a cluster to join
+    return ensure_ray(address)
+
+
+def dashboard_available() -> bool:
+    """Whether this Python can run Ray's dashboard (``ray[default]`` is installed)."""
+    try:
+        import ray.dashboard.optional_deps  # noqa: F401 - the import is the check Ray does
+    except ImportError:
+        return False
+    return True
+
+
+def dashboard_url() -> str | None:
+    """``http://host:port`` of the dashboard of the Ray this process is connected to, or
+    None. (Ray's public ``get_dashboard_url`` is deprecated in favour of the context that
+    ``ray.init`` returns, which a caller of :func:`ensure_ray` does not hold.)"""
+    import ray
+
+    if not ray.is_initialized():
+        return None
+    try:
+        url = ray._private.worker._global_node.webui_url
+    except Exception:  # noqa: BLE001 - a private attribute: absent in another Ray
+        return None
+    if not url:
+        return None
+    return url if "://" in url else "http://" + url

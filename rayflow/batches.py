@@ -53,6 +53,17 @@ class Barrier:
 
 
 @dataclass(frozen=True, slots=True)
+class Watermark:
+    """Event time has reached ``time``: no more records with an event time ``<= time`` are
+    expected from this sender. ``idle=True``: the sender has no active input for now and
+    leaves the receiver's minimum until it sends an active watermark again (see
+    :mod:`rayflow.operators.watermarks`). Travels in the channels in order with the data."""
+
+    time: float
+    idle: bool = False
+
+
+@dataclass(frozen=True, slots=True)
 class Tick:
     """Time passes (sent by idle sources), so timers fire without data."""
 

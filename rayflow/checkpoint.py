@@ -29,21 +29,26 @@ Task = tuple[str, int]
 
 @dataclass(frozen=True)
 class Trigger:
-    """Inject barrier ``checkpoint_id`` at every source."""
+    """Inject barrier ``checkpoint_id`` at every source that is still running
+    (``stop_after``: a savepoint, after which the sources end their streams)."""
 
     checkpoint_id: int
+    stop_after: bool = field(default=False, repr=False)
 
 
 @dataclass(frozen=True)
 class Complete:
-    """Checkpoint ``checkpoint_id`` is complete: tell the tasks (sinks commit)."""
+    """Checkpoint ``checkpoint_id`` is durable and complete: tell the tasks (sinks commit).
+    ``final`` names the tasks whose part of it is their final state (they had finished), so
+    their sinks commit everything they hold."""
 
     checkpoint_id: int
+    final: frozenset = field(default=frozenset(), repr=False)
 
 
 @dataclass(frozen=True)
 class Abort:
-    """Checkpoint ``checkpoint_id`` will not complete (timeout, failure, task finished)."""
+    """Checkpoint ``checkpoint_id`` will not complete (timeout, failure)."""
 
     checkpoint_id: int
     reason: str
@@ -51,44 +56,79 @@ class Abort:
 
 @dataclass
 class CompletedCheckpoint:
+    """What a restore needs: every task's state handle. ``finished`` are the tasks whose
+    handle is their final state; ``path`` is where the checkpoint store keeps it (None
+    until written)."""
+
     checkpoint_id: int
     handles: dict[Task, Any]
     started: float
     finished: float
+    finished_tasks: frozenset = frozenset()
+    savepoint: bool = False
+    path: str | None = None
+    meta: dict = field(default_factory=dict)  # job, plan, backend: see rayflow.checkpoint_store
 
     @property
     def duration_s(self) -> float:
         return self.finished - self.started
+
+    @property
+    def final(self) -> bool:
+        """Every task had finished: resuming from it runs nothing more."""
+        return bool(self.handles) and set(self.finished_tasks) == set(self.handles)
 
 
 @dataclass
 class _Pending:
     checkpoint_id: int
     started: float
+    savepoint: bool = False
     acks: dict[Task, Any] = field(default_factory=dict)
+    final: set = field(default_factory=set)  # the tasks whose ack is their final state
 
 
 class Coordinator:
     """Decides when checkpoints start, complete or abort.
 
+    Finished tasks take part in every later checkpoint with their final state (as Flink's
+    FLIP-147 does), so checkpoints and savepoints go on after a bounded source has ended,
+    and once every task has finished a *final* checkpoint completes by itself: the sinks
+    commit their last epoch only then, so a failure before it never leaves an epoch that a
+    restore would commit again.
+
     Args:
         tasks: every (step_id, instance) that must acknowledge.
         interval_s: time between the end of one checkpoint and the start of the next
-            (0 disables periodic checkpoints).
+            (0 disables periodic checkpoints; savepoints and the final one still happen).
         timeout_s: a checkpoint not complete after this long is aborted.
         first_id: the id of the next checkpoint (continues after a restore).
+        latest: the checkpoint restored from, if any.
+        sources: the tasks that inject barriers (all ``tasks`` when None).
     """
 
     def __init__(self, tasks: set[Task], interval_s: float, timeout_s: float = 60.0,
-                 first_id: int = 1, latest: CompletedCheckpoint | None = None):
+                 first_id: int = 1, latest: CompletedCheckpoint | None = None,
+                 sources: set[Task] | None = None):
         self.tasks = set(tasks)
+        self.sources = set(tasks if sources is None else sources)
         self.interval_s, self.timeout_s = interval_s, timeout_s
         self.next_id = first_id
         self.pending: _Pending | None = None
         self.latest = latest
-        self.finished: set[Task] = set()
+        self.finished: dict[Task, Any] = {}  # task -> its final state handle
         self.last_end: float | None = None
         self.history: list[dict] = []
+
+    @property
+    def live_sources(self) -> set[Task]:
+        return self.sources - set(self.finished)
+
+    @property
+    def done(self) -> bool:
+        """Every task finished and the final checkpoint completed."""
+        return self.latest is not None and self.latest.final and \
+            set(self.finished) == self.tasks
 
     def tick(self, now: float) -> list:
         """Time passes: maybe trigger, maybe time out."""
@@ -98,35 +138,55 @@ class Coordinator:
             if now - self.pending.started > self.timeout_s:
                 return [self._abort(now, "timeout")]
             return []
-        if self.interval_s <= 0 or self.finished:
-            return []  # a finished source cannot inject barriers any more
+        if self.interval_s <= 0 or not self.live_sources:
+            return []  # no barrier can be injected once every source has finished
         if now - self.last_end >= self.interval_s:
-            self.pending = _Pending(self.next_id, now)
-            self.next_id += 1
-            return [Trigger(self.pending.checkpoint_id)]
+            return self._start(now)
         return []
+
+    def trigger(self, now: float, savepoint: bool = False) -> list:
+        """Start a checkpoint now (a savepoint: the sources end after it), unless one is in
+        flight; then the caller waits for that one and asks again."""
+        if self.pending is not None or self.done:
+            return []
+        if not self.live_sources and set(self.finished) != self.tasks:
+            return []  # sources done, the rest still finishing: the final checkpoint follows
+        return self._start(now, savepoint)
+
+    def _start(self, now: float, savepoint: bool = False) -> list:
+        self.pending = _Pending(self.next_id, now, savepoint, dict(self.finished),
+                                set(self.finished))
+        self.next_id += 1
+        acts: list = []
+        if self.live_sources:
+            acts.append(Trigger(self.pending.checkpoint_id, savepoint))
+        return acts + self._maybe_complete(now)
 
     def ack(self, checkpoint_id: int, task: Task, handle: Any, now: float | None = None) -> list:
         """``task`` snapshotted its state for ``checkpoint_id``."""
         p = self.pending
         if p is None or p.checkpoint_id != checkpoint_id or task not in self.tasks:
             return []  # late ack of an aborted checkpoint: ignore
+        if task in self.finished:
+            return []  # its final state stands in for it already
         p.acks[task] = handle
-        if set(p.acks) == self.tasks:
-            end = p.started if now is None else now
-            self.latest = CompletedCheckpoint(checkpoint_id, dict(p.acks), p.started, end)
-            self.history.append({"id": checkpoint_id, "duration_s": end - p.started,
-                                 "status": "completed"})
-            self.pending = None
-            self.last_end = end
-            return [Complete(checkpoint_id)]
-        return []
+        return self._maybe_complete(p.started if now is None else now)
 
-    def task_finished(self, task: Task, now: float) -> list:
-        """``task`` reached end of stream; a checkpoint still waiting for it cannot finish."""
-        self.finished.add(task)
-        if self.pending is not None and task not in self.pending.acks:
-            return [self._abort(now, f"{task[0]}[{task[1]}] finished")]
+    def task_finished(self, task: Task, now: float, handle: Any = None) -> list:
+        """``task`` reached the end of its stream; ``handle`` is its final state. A checkpoint
+        in flight that it had not acknowledged takes the final state: everything the task
+        did lies before any barrier it could still have seen."""
+        if task not in self.tasks:
+            return []
+        self.finished[task] = handle
+        p = self.pending
+        if p is not None and task not in p.acks:
+            p.acks[task] = handle
+            p.final.add(task)
+            return self._maybe_complete(now)
+        if p is None and set(self.finished) == self.tasks and not (
+                self.latest is not None and self.latest.final):
+            return self._start(now)  # everything finished: the final checkpoint
         return []
 
     def failure(self, now: float) -> list:
@@ -134,6 +194,22 @@ class Coordinator:
         if self.pending is not None:
             return [self._abort(now, "failure")]
         return []
+
+    def _maybe_complete(self, now: float) -> list:
+        p = self.pending
+        if p is None or set(p.acks) != self.tasks:
+            return []
+        final = frozenset(p.final)
+        self.latest = CompletedCheckpoint(p.checkpoint_id, dict(p.acks), p.started, now,
+                                          final, p.savepoint)
+        self.history.append({"id": p.checkpoint_id, "duration_s": now - p.started,
+                             "status": "completed"})
+        self.pending = None
+        self.last_end = now
+        acts: list = [Complete(p.checkpoint_id, final)]
+        if set(self.finished) == self.tasks and not self.latest.final:
+            acts += self._start(now)  # the last tasks finished during it: the final one
+        return acts
 
     def _abort(self, now: float, reason: str) -> Abort:
         p = self.pending

@@ -6,11 +6,15 @@
     rayflow bench identity --quick
     rayflow cluster validate cluster/aws.yaml | up-local | down-local
     rayflow submit --address http://head:8265 -- python jobs/identity.py --address auto
+    rayflow config defaults | show
+
+``python -m rayflow`` runs the same command.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -19,6 +23,9 @@ from pathlib import Path
 import click
 
 from rayflow.errors import RayflowError
+
+DIST_NAME = "rayflow-engine"  # the distribution (pip) name; the import name is rayflow
+CONTEXT = {"help_option_names": ["-h", "--help"]}  # subcommands inherit it
 
 
 class _Group(click.Group):
@@ -35,15 +42,32 @@ class _Group(click.Group):
             sys.exit(1)
 
 
-@click.group(cls=_Group)
+def log_level(verbose: int, quiet: bool) -> int:
+    """The logging level of ``-v`` (info), ``-vv`` (debug), ``-q`` (errors only), or neither
+    (warnings)."""
+    if quiet and verbose:
+        raise click.UsageError("-q and -v exclude each other")
+    if quiet:
+        return logging.ERROR
+    return {0: logging.WARNING, 1: logging.INFO}.get(verbose, logging.DEBUG)
+
+
+@click.group(cls=_Group, context_settings=CONTEXT)
 @click.option("--debug", is_flag=True, help="Show full tracebacks on errors.")
-@click.version_option(package_name="rayflow")
-def main(debug: bool) -> None:
+@click.option("-v", "--verbose", count=True, help="More log output: -v info, -vv debug.")
+@click.option("-q", "--quiet", is_flag=True, help="Log errors only (Ray's start-up lines too).")
+@click.version_option(package_name=DIST_NAME, prog_name="rayflow")
+def main(debug: bool, verbose: int, quiet: bool) -> None:
     """rayflow: streams and MPI stages on Ray.
 
     Without --address, commands start a private local Ray; without --bootstrap, they start
-    the embedded Kafka broker (Tansu).
+    the embedded Kafka broker (Tansu). Settings: `rayflow config show`.
     """
+    level = log_level(verbose, quiet)
+    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
+    logging.getLogger("rayflow").setLevel(level)
+    if quiet:
+        logging.getLogger("ray").setLevel(logging.ERROR)
 
 
 def _emit(data: dict, as_json: bool) -> None:
@@ -65,9 +89,10 @@ def kafka() -> None:
 def kafka_up(port: int | None, as_json: bool) -> None:
     """Start a detached broker; prints its bootstrap address (export it as
     RAYFLOW_KAFKA__BOOTSTRAP to use it from jobs)."""
+    from rayflow.config import load_config
     from rayflow.connectors import broker
 
-    _emit(broker.up(port), as_json)
+    _emit(broker.up(port, timeout_s=load_config().kafka.startup_timeout_s), as_json)
 
 
 @kafka.command("status")
@@ -92,15 +117,40 @@ def kafka_down(as_json: bool) -> None:
 @click.argument("script", type=click.Path(exists=True, dir_okay=False))
 @click.option("--address", default=None, help="Ray address (a private local Ray if omitted).")
 @click.option("--bootstrap", default=None, help="Kafka bootstrap (embedded broker if omitted).")
+@click.option("--resume", "resume", default=None, metavar="PATH",
+              help="Resume the script's job from a durable checkpoint or savepoint "
+                   "(a chk-N directory, or a run directory: its newest).")
 @click.pass_context
-def run(ctx: click.Context, script: str, address: str | None, bootstrap: str | None) -> None:
-    """Run a job script (e.g. jobs/identity.py) locally; extra arguments go to the script."""
+def run(ctx: click.Context, script: str, address: str | None, bootstrap: str | None,
+        resume: str | None) -> None:
+    """Run a job script (e.g. jobs/identity.py) locally; extra arguments go to the script.
+
+    Its private local Ray starts with the dashboard when ray[default] is installed (Ray
+    prints its URL); RAYFLOW_RAY__INCLUDE_DASHBOARD=0 turns that off.
+    """
     args = [sys.executable, script, *ctx.args]
     if address:
         args += ["--address", address]
     if bootstrap:
         args += ["--bootstrap", bootstrap]
-    sys.exit(subprocess.call(args))
+    env = script_env(address)
+    if resume:
+        from rayflow.checkpoint_store import load_checkpoint
+
+        load_checkpoint(resume)  # fails here, naming the path, if nothing is there
+        env["RAYFLOW_RESUME_FROM"] = resume
+    sys.exit(subprocess.call(args, env=env))
+
+
+def script_env(address: str | None, environ: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment of a job script `rayflow run` starts: with the dashboard on for a
+    private local Ray when this Python can run it, unless the environment already says."""
+    from rayflow._raycontext import dashboard_available
+
+    env = dict(os.environ if environ is None else environ)
+    if address is None and dashboard_available():
+        env.setdefault("RAYFLOW_RAY__INCLUDE_DASHBOARD", "true")
+    return env
 
 
 @main.command()
@@ -132,6 +182,51 @@ def demo(quick: bool, address: str | None, bootstrap: str | None, inject_failure
                     inject_failure=inject_failure)
     if as_json:
         click.echo(json.dumps(rows, indent=2, default=str))
+
+
+# -- configuration ----------------------------------------------------------------------------
+@main.group("config")
+def config_group() -> None:
+    """The configuration tree: its commented defaults, and what is in effect here."""
+
+
+@config_group.command("defaults")
+@click.option("--out", "out_file", type=click.Path(dir_okay=False, path_type=Path),
+              default=None, help="Write to this file (e.g. rayflow/defaults.yaml) "
+                                 "instead of printing.")
+@click.option("--check", "check_file", type=click.Path(dir_okay=False, path_type=Path),
+              default=None, help="Exit 1 if this file differs from the generated text.")
+def config_defaults(out_file: Path | None, check_file: Path | None) -> None:
+    """Print the defaults as commented YAML, generated from the configuration models
+    (what rayflow/defaults.yaml holds)."""
+    from rayflow.config import render_defaults, write_defaults
+
+    if check_file is not None:
+        if not check_file.is_file() or check_file.read_text() != render_defaults():
+            raise RayflowError(f"{check_file} is stale: regenerate it with "
+                               f"`rayflow config defaults --out {check_file}`")
+        click.echo(f"{check_file}: current")
+        return
+    if out_file is not None:
+        click.echo(f"wrote {write_defaults(out_file)}")
+        return
+    click.echo(render_defaults(), nl=False)
+
+
+@config_group.command("show")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of YAML.")
+def config_show(as_json: bool) -> None:
+    """Print the configuration in effect: defaults, the RAYFLOW_CONFIG file and RAYFLOW_*
+    variables applied."""
+    import yaml
+
+    from rayflow.config import load_config
+
+    data = load_config().model_dump()
+    if as_json:
+        click.echo(json.dumps(data, indent=2))
+    else:
+        click.echo(yaml.safe_dump(data, sort_keys=False), nl=False)
 
 
 # -- clusters and job submission (rayflow.deploy) ----------------------------------------------
@@ -213,23 +308,44 @@ def cluster_down_local(as_json: bool) -> None:
               help="Job API (dashboard) address, e.g. http://head:8265 "
                    "(default: RAY_API_SERVER_ADDRESS, or http://127.0.0.1:8265).")
 @click.option("--working-dir", default=".", show_default=True, type=click.Path(file_okay=False),
-              help="Uploaded with the job (.git, .venv, results, data, images left out).")
+              help="Uploaded with the job (.git, .venv, results, data, images left out); "
+                   "given explicitly, it overrides the runtime env's.")
 @click.option("--no-working-dir", is_flag=True, help="Upload nothing.")
 @click.option("--exclude", multiple=True, help="Another gitignore-style pattern to leave out.")
 @click.option("--env", "env_pairs", multiple=True, metavar="NAME=VALUE",
               help="An environment variable of the job's driver.")
+@click.option("--runtime-env", "runtime_env_file", default=None,
+              type=click.Path(exists=True, dir_okay=False),
+              help="A YAML file with a runtime_env (pip, env_vars, ...), as for ray job submit.")
+@click.option("--runtime-env-json", default=None, help="A runtime_env as JSON.")
+@click.option("--submission-id", default=None, help="The job's id (Ray makes one if omitted).")
+@click.option("--entrypoint-num-cpus", type=float, default=None,
+              help="CPUs reserved for the entrypoint command (the job's driver) itself.")
+@click.option("--entrypoint-num-gpus", type=float, default=None,
+              help="GPUs reserved for the entrypoint command itself.")
+@click.option("--entrypoint-memory", type=int, default=None,
+              help="Memory (bytes) reserved for the entrypoint command itself.")
 @click.option("--no-wait", is_flag=True, help="Return once the job is accepted.")
 @click.option("--timeout", "timeout_s", type=float, default=None, help="Stop after seconds.")
+@click.option("--connect-timeout", "connect_timeout_s", type=float, default=10.0,
+              show_default=True, help="Seconds the job API may take to answer at all.")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON summary at the end.")
 @click.argument("entrypoint", nargs=-1, type=click.UNPROCESSED, required=True)
-def submit(address: str | None, working_dir: str, no_working_dir: bool, exclude: tuple,
-           env_pairs: tuple, no_wait: bool, timeout_s: float | None, as_json: bool,
-           entrypoint: tuple) -> None:
+@click.pass_context
+def submit(ctx: click.Context, address: str | None, working_dir: str, no_working_dir: bool,
+           exclude: tuple, env_pairs: tuple, runtime_env_file: str | None,
+           runtime_env_json: str | None, submission_id: str | None,
+           entrypoint_num_cpus: float | None, entrypoint_num_gpus: float | None,
+           entrypoint_memory: int | None, no_wait: bool, timeout_s: float | None,
+           connect_timeout_s: float, as_json: bool, entrypoint: tuple) -> None:
     """Submit a job to a Ray cluster and stream its logs; exits with the job's status.
+    Ctrl-C detaches (the job keeps running), as with ray job submit.
 
+    \b
         rayflow submit --address http://head:8265 -- python jobs/identity.py \\
             --address auto --bootstrap kafka:9092 --records 10000
     """
+    from rayflow.deploy.submit import Detached
     from rayflow.deploy.submit import submit as do_submit
 
     env = {}
@@ -238,10 +354,24 @@ def submit(address: str | None, working_dir: str, no_working_dir: bool, exclude:
         if not sep:
             raise ValueError(f"--env {pair!r}: use NAME=VALUE")
         env[name] = value
-    res = do_submit(list(entrypoint), address=address,
-                    working_dir=None if no_working_dir else working_dir, extra_excludes=exclude,
-                    env_vars=env, wait=not no_wait, timeout_s=timeout_s,
-                    on_log=None if as_json else (lambda t: click.echo(t, nl=False)))
+    base = read_runtime_env(runtime_env_file, runtime_env_json)
+    wd: str | None = None if no_working_dir else working_dir
+    if "working_dir" in base and not no_working_dir and \
+            ctx.get_parameter_source("working_dir") == click.core.ParameterSource.DEFAULT:
+        theirs = str(base["working_dir"])
+        wd = theirs if Path(theirs).is_dir() else None  # a remote URI is Ray's to fetch
+    try:
+        res = do_submit(list(entrypoint), address=address, working_dir=wd,
+                        extra_excludes=exclude, env_vars=env, runtime_env=base,
+                        wait=not no_wait, timeout_s=timeout_s,
+                        on_log=None if as_json else (lambda t: click.echo(t, nl=False)),
+                        submission_id=submission_id, entrypoint_num_cpus=entrypoint_num_cpus,
+                        entrypoint_num_gpus=entrypoint_num_gpus,
+                        entrypoint_memory=entrypoint_memory,
+                        connect_timeout_s=connect_timeout_s)
+    except Detached as d:
+        click.echo(f"\n{d}", err=True)
+        sys.exit(130)
     summary = {"job_id": res.job_id, "status": res.status, "exit_code": res.exit_code,
                "submit_s": round(res.submit_s, 2), "total_s": round(res.total_s, 2),
                "working_dir_bytes": res.working_dir_bytes}
@@ -252,6 +382,34 @@ def submit(address: str | None, working_dir: str, no_working_dir: bool, exclude:
                    f"{res.total_s:.1f} s)", err=True)
     if not no_wait:
         sys.exit(res.exit_code)
+
+
+def read_runtime_env(path: str | None, as_json: str | None) -> dict:
+    """The runtime_env of ``--runtime-env FILE`` (YAML) or ``--runtime-env-json`` (one of
+    them), as a mapping."""
+    import yaml
+
+    if path and as_json:
+        raise click.UsageError("give --runtime-env or --runtime-env-json, not both")
+    if path:
+        try:
+            data = yaml.safe_load(Path(path).read_text())
+        except yaml.YAMLError as exc:
+            raise RayflowError(f"--runtime-env {path}: not valid YAML: {exc}") from None
+        where = f"--runtime-env {path}"
+    elif as_json:
+        try:
+            data = json.loads(as_json)
+        except ValueError as exc:
+            raise RayflowError(f"--runtime-env-json: not valid JSON: {exc}") from None
+        where = "--runtime-env-json"
+    else:
+        return {}
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise RayflowError(f"{where}: a runtime_env is a mapping, got {type(data).__name__}")
+    return data
 
 
 @main.command()

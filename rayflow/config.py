@@ -1,8 +1,16 @@
 """One frozen configuration tree for rayflow.
 
-Values come, lowest priority first, from the model defaults (documented in
-``rayflow/defaults.yaml``), an optional YAML file, ``RAYFLOW_*`` environment variables
-(nested with ``__``, e.g. ``RAYFLOW_STREAM__LINGER_MS=5``) and keyword arguments.
+Values come, lowest priority first, from
+
+1. the model defaults below (written out, with their descriptions, in ``rayflow/defaults.yaml``
+   by ``rayflow config defaults``),
+2. a YAML file: ``load_config(path)``, or the file named by ``RAYFLOW_CONFIG``,
+3. environment variables ``RAYFLOW_<SECTION>__<FIELD>`` (e.g. ``RAYFLOW_STREAM__LINGER_MS=5``;
+   mappings as JSON: ``RAYFLOW_KAFKA__OPTIONS='{"security_protocol": "SSL"}'``),
+4. keyword arguments (``load_config(stream={"batch_size": 2048})``, ``rayflow.run(flow, ...)``).
+
+A key no model declares is an error in every layer, named with the layer (file or variable)
+and the closest valid key.
 
 Example:
     >>> from rayflow.config import load_config
@@ -13,55 +21,100 @@ Example:
 
 from __future__ import annotations
 
+import difflib
+import os
+import typing
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic_settings import BaseSettings, EnvSettingsSource, SettingsConfigDict
+
+from rayflow.errors import ConfigError
+
+CONFIG_ENV = "RAYFLOW_CONFIG"
+ENV_PREFIX = "RAYFLOW_"
+DEFAULTS_PATH = Path(__file__).with_name("defaults.yaml")
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
 
 
 class RayOptions(BaseModel):
-    """Where Ray runs. ``address=None`` starts a private local Ray (the embedded default)."""
+    """Where Ray runs."""
 
     model_config = _FROZEN
-    address: str | None = None
-    num_cpus: int | None = None
-    include_dashboard: bool = False
-    namespace: str = "rayflow"
+    address: str | None = Field(
+        None, description="cluster to connect to (auto, host:6379 or ray://host:10001); null "
+        "starts a private local Ray")
+    num_cpus: int | None = Field(
+        None, ge=1, description="logical CPUs of the private local Ray; null: the machine's "
+        "cores (ignored when connecting)")
+    include_dashboard: bool = Field(
+        False, description="start the dashboard with the private local Ray (needs "
+        "ray[default]; adds seconds to the start)")
+    namespace: str = Field(
+        "rayflow", description="Ray namespace of the driver when rayflow starts or connects "
+        "to Ray (named actors live in it)")
 
 
 class KafkaOptions(BaseModel):
-    """Kafka client settings. ``bootstrap=None`` means: start the embedded Tansu broker."""
+    """Defaults of every Kafka connector (KafkaSource, KafkaSink and the image connectors)."""
 
     model_config = _FROZEN
-    bootstrap: str | None = None
-    client: Literal["kafka-python", "confluent"] = "kafka-python"
-    # Passed through to the clients unchanged: security_protocol, sasl_mechanism,
-    # sasl_plain_username, ssl_cafile, ...
-    options: dict[str, Any] = Field(default_factory=dict)
-    max_message_bytes: int = 1_000_000
-    startup_timeout_s: float = 20.0
+    bootstrap: str | None = Field(
+        None, description="host:port[,host:port] of connectors without bootstrap=; null: "
+        "such connectors fail (start the embedded broker with `rayflow kafka up`)")
+    options: dict[str, Any] = Field(
+        default_factory=dict, description="kafka-python client options for every "
+        "connector with client='kafka-python' (security_protocol, sasl_mechanism, "
+        "ssl_cafile, ...); a connector's own options= win")
+    confluent_options: dict[str, Any] = Field(
+        default_factory=dict, description="librdkafka options for every connector with "
+        "client='confluent' (security.protocol, sasl.mechanisms, ...); a connector's own "
+        "options= win")
+    startup_timeout_s: float = Field(
+        20.0, gt=0, description="seconds the embedded broker may take to answer after it "
+        "starts (`rayflow kafka up`, `rayflow demo`)")
+
+    def client_options(self, client: str, explicit: Mapping[str, Any] | None = None
+                       ) -> dict[str, Any]:
+        """The options a client is built with: this section's for ``client``
+        (``kafka-python`` or ``confluent``), under the connector's ``explicit`` ones."""
+        if client == "confluent":
+            base = self.confluent_options
+        elif client == "kafka-python":
+            base = self.options
+        else:
+            raise ConfigError(f"Kafka client {client!r}: use 'kafka-python' or 'confluent'")
+        return {**base, **(explicit or {})}
 
 
 class StreamOptions(BaseModel):
-    """Streaming runtime defaults; each can be overridden per step."""
+    """Streaming runtime defaults. batch_size, linger_ms, channel_bytes, channel_calls,
+    latency_sample_every, actor_num_cpus and scheduling_strategy can be set per step too:
+    .map("m", fn, batch_size=1000)."""
 
     model_config = _FROZEN
     batch_size: int = Field(16384, gt=0, description="records per source batch, at most")
-    linger_ms: float = Field(5.0, ge=0, description="flush a partial batch after this long")
-    channel_bytes: int = Field(32 * 1024 * 1024, gt=0, description="in-flight bytes per channel")
-    channel_calls: int = Field(16, gt=0, description="in-flight batches per channel")
-    on_error: Literal["raise", "dead_letter"] = "raise"
+    linger_ms: float = Field(5.0, ge=0, description="milliseconds a partial source batch "
+                             "waits for more records before it is sent")
+    channel_bytes: int = Field(32 * 1024 * 1024, gt=0,
+                               description="bytes in flight per channel before the sender waits")
+    channel_calls: int = Field(16, gt=0,
+                               description="batches in flight per channel before the sender "
+                               "waits")
+    on_error: Literal["raise", "dead_letter"] = Field(
+        "raise", description="a record that makes user code raise fails the job (raise) or "
+        "becomes a dead letter (dead_letter); per step: on_error=")
     actor_num_cpus: float = Field(
-        0.0,
-        ge=0,
-        description="CPUs reserved per operator actor; 0 lets a graph larger than the core "
-        "count be scheduled (operators are mostly waiting on I/O or each other)",
+        0.0, ge=0,
+        description="CPUs reserved per step actor; 0 lets a graph larger than the core "
+        "count be scheduled (steps mostly wait on I/O or each other)",
     )
-    latency_sample_every: int = Field(16, gt=0, description="keep 1 latency sample in N")
+    latency_sample_every: int = Field(16, gt=0,
+                                      description="keep 1 latency sample in this many records")
     chaining: bool = Field(
         True,
         description="run a step in its upstream's actor when the edge is one-to-one (Flink's "
@@ -70,42 +123,84 @@ class StreamOptions(BaseModel):
     )
     scheduling_strategy: Literal["SPREAD", "DEFAULT"] = Field(
         "SPREAD",
-        description="SPREAD puts step actors on many nodes; DEFAULT packs them (lets an "
-        "autoscaled cluster shrink after a job scales down)",
+        description="SPREAD deals step actors over the nodes; DEFAULT lets Ray pack them (an "
+        "autoscaled cluster can then shrink after a job scales down)",
     )
+
+
+class StepOnlyOptions(BaseModel):
+    """Per-step options that have no job-wide default."""
+
+    model_config = _FROZEN
+    start_new_chain: bool = Field(False, description="never chain this step to its upstream")
+    disable_chaining: bool = Field(False, description="chain this step to neither neighbour")
+    actor_env: dict[str, str | int | float] = Field(
+        default_factory=dict, description="environment variables of this step's actor "
+        "process, merged over the job's runtime_env")
+
+
+# The stream settings a step may override; the rest (chaining, on_error) are job-wide or
+# have their own parameter.
+STEP_STREAM_OPTIONS = ("batch_size", "linger_ms", "channel_bytes", "channel_calls",
+                       "latency_sample_every", "actor_num_cpus", "scheduling_strategy")
+STEP_OPTIONS = STEP_STREAM_OPTIONS + tuple(StepOnlyOptions.model_fields)
 
 
 class CheckpointOptions(BaseModel):
     """Checkpoints and delivery guarantees of streaming jobs."""
 
     model_config = _FROZEN
-    processing_guarantee: Literal["at_most_once", "at_least_once", "exactly_once"] = (
-        "at_least_once"
-    )
-    interval_s: float = Field(2.0, ge=0, description="between checkpoints; 0 disables them")
-    timeout_s: float = Field(60.0, gt=0, description="a checkpoint slower than this aborts")
-    state_backend: Literal["memory", "filesystem", "rocksdb"] = "memory"
-    state_dir: str | None = Field(None, description="snapshot directory (filesystem, rocksdb)")
-    max_restarts: int = Field(3, ge=0, description="recoveries before the job fails")
-    tick_s: float = Field(0.2, gt=0, description="timer tick sent by idle sources")
+    processing_guarantee: Literal["at_most_once", "at_least_once", "exactly_once"] = Field(
+        "at_least_once", description="what a failure may do to the output: lose records "
+        "(at_most_once), repeat them (at_least_once) or neither (exactly_once)")
+    interval_s: float = Field(2.0, ge=0, description="seconds between checkpoints; 0 "
+                              "disables them")
+    timeout_s: float = Field(60.0, gt=0, description="seconds after which an unfinished "
+                             "checkpoint is aborted")
+    state_backend: Literal["memory", "filesystem", "rocksdb"] = Field(
+        "memory", description="where operator state snapshots go")
+    state_dir: str | None = Field(
+        None, description="snapshot directory of the filesystem backend (required) and the "
+        "rocksdb one (null: a temporary directory); on a cluster, storage every node sees")
+    max_restarts: int = Field(3, ge=0, description="recoveries from Ray failures before the "
+                              "job fails")
+    tick_s: float = Field(0.2, gt=0, description="seconds between the timer ticks an idle "
+                          "source sends (they close processing-time windows)")
+
+    @model_validator(mode="after")
+    def _filesystem_needs_a_directory(self) -> CheckpointOptions:
+        if self.state_backend == "filesystem" and not self.state_dir:
+            raise ValueError("state_backend 'filesystem' needs state_dir")
+        return self
 
 
 class HpcOptions(BaseModel):
     """MPI-stage defaults."""
 
     model_config = _FROZEN
-    backend: Literal["ray", "gloo"] = "ray"
-    strategy: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = "PACK"
-    gang_timeout_s: float = Field(30.0, gt=0)
-    rank_num_cpus: float = Field(1.0, ge=0)
-    max_stage_retries: int = Field(2, ge=0)
+    backend: Literal["ray", "gloo"] = Field(
+        "ray", description="rank-to-rank transport: Ray's object store (ray) or torch gloo")
+    strategy: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = Field(
+        "PACK", description="placement-group strategy of a gang")
+    gang_timeout_s: float = Field(30.0, gt=0, description="seconds a gang may wait to be "
+                                  "placed before GangSchedulingError")
+    rank_num_cpus: float = Field(1.0, ge=0, description="CPUs one gang rank reserves")
+    max_stage_retries: int = Field(2, ge=0, description="re-runs of a stage after rank "
+                                   "deaths")
+    warm_gang_idle_s: float = Field(10.0, ge=0, description="seconds the gang of a finished "
+                                    "stage stays started for the next stage (0: shut down)")
 
 
 class RayflowConfig(BaseSettings):
-    """The whole tree. Immutable: derive a new one with ``model_copy(update=...)``."""
+    """The whole tree. Immutable: derive a new one with :func:`with_overrides`.
+
+    Building one reads nothing but its arguments; :func:`load_config` layers the file and
+    the environment (this class is a pydantic-settings class so that the environment is
+    parsed by pydantic-settings' own source, with the ``RAYFLOW_`` prefix and ``__`` nesting).
+    """
 
     model_config = SettingsConfigDict(
-        frozen=True, extra="forbid", env_prefix="RAYFLOW_", env_nested_delimiter="__"
+        frozen=True, extra="forbid", env_prefix=ENV_PREFIX, env_nested_delimiter="__"
     )
     ray: RayOptions = Field(default_factory=RayOptions)
     kafka: KafkaOptions = Field(default_factory=KafkaOptions)
@@ -113,22 +208,152 @@ class RayflowConfig(BaseSettings):
     checkpoint: CheckpointOptions = Field(default_factory=CheckpointOptions)
     hpc: HpcOptions = Field(default_factory=HpcOptions)
 
+    @classmethod
+    def settings_customise_sources(cls, settings_cls, init_settings, env_settings,
+                                   dotenv_settings, file_secret_settings):
+        return (init_settings,)  # the other layers are load_config's, each named in errors
 
+
+# -- loading ------------------------------------------------------------------------------
 def load_config(path: str | Path | None = None, **overrides: Any) -> RayflowConfig:
-    """Build the configuration from an optional YAML file, the environment and overrides.
+    """Build the configuration: defaults, the YAML file, the environment, then ``overrides``.
 
-    Keyword overrides win over the environment, which wins over the file.
+    Args:
+        path: a YAML file; when None, the file named by ``RAYFLOW_CONFIG`` (if set).
+        **overrides: sections, e.g. ``stream={"batch_size": 1000}``.
+
+    Raises:
+        ConfigError: a file that is not YAML or not a mapping, or a key or value no model
+            accepts; the message names the layer (file, variable) and the key.
     """
-    data: dict[str, Any] = {}
+    if path is None and os.environ.get(CONFIG_ENV):
+        path = os.environ[CONFIG_ENV]
+    layers: list[dict[str, Any]] = []
     if path is not None:
-        text = Path(path).read_text()
-        data = yaml.safe_load(text) or {}
-        if not isinstance(data, dict):
-            raise ValueError(f"{path}: top level must be a mapping, got {type(data).__name__}")
-    env_cfg = RayflowConfig()  # environment and defaults
-    merged = _deep_merge(data, env_cfg.model_dump(exclude_defaults=True))
-    merged = _deep_merge(merged, overrides)
-    return RayflowConfig.model_validate(merged) if merged else env_cfg
+        layers.append(_file_layer(Path(path)))
+    layers.append(_env_layer())
+    layers.append(_checked(overrides, "keyword overrides"))
+    merged: dict[str, Any] = {}
+    for layer in layers:
+        merged = _deep_merge(merged, layer)
+    return RayflowConfig.model_validate(merged)
+
+
+def with_overrides(config: RayflowConfig, **overrides: Any) -> RayflowConfig:
+    """``config`` with ``overrides`` (sections of fields) merged over it, validated.
+
+        >>> with_overrides(RayflowConfig(), stream={"batch_size": 7}).stream.batch_size
+        7
+    """
+    if not overrides:
+        return config
+    top = _checked(overrides, "keyword overrides")
+    return RayflowConfig.model_validate(_deep_merge(config.model_dump(), top))
+
+
+_current: RayflowConfig | None = None
+
+
+def set_current(config: RayflowConfig | None) -> None:
+    """Make ``config`` what :func:`current` returns in this process (a job's step actors
+    get the job's configuration this way; None goes back to :func:`load_config`)."""
+    global _current
+    _current = config
+
+
+def current() -> RayflowConfig:
+    """The configuration of the job this process runs steps for, else :func:`load_config`.
+
+    Code that runs inside steps (connectors building their clients) reads its defaults
+    here, so that ``rayflow.run(flow, kafka={...})`` reaches it on every node.
+    """
+    return _current if _current is not None else load_config()
+
+
+def _file_layer(path: Path) -> dict[str, Any]:
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ConfigError(f"configuration file {path}: cannot read: "
+                          f"{exc.strerror or exc}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}" if mark else str(path)
+        raise ConfigError(f"{where}: not valid YAML: "
+                          f"{getattr(exc, 'problem', None) or exc}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping of sections "
+                          f"({', '.join(RayflowConfig.model_fields)}), got "
+                          f"{type(data).__name__}")
+    return _checked(data, str(path), lines=yaml.compose(text, Loader=yaml.SafeLoader))
+
+
+def _env_layer() -> dict[str, Any]:
+    sections = RayflowConfig.model_fields
+    for name in os.environ:
+        if not name.startswith(ENV_PREFIX) or "__" not in name:
+            continue  # RAYFLOW_CONFIG, RAYFLOW_DEBUG, RAYFLOW_STATE_DIR: not in the tree
+        section = name[len(ENV_PREFIX):].split("__", 1)[0].lower()
+        if section not in sections:
+            raise ConfigError(f"environment variable {name}: no section {section!r}"
+                              f"{_did_you_mean(section, sections)} (sections: "
+                              f"{', '.join(sections)})")
+    try:
+        data = EnvSettingsSource(RayflowConfig)()
+    except Exception as exc:  # noqa: BLE001 - pydantic-settings' SettingsError: bad JSON
+        raise ConfigError(f"environment: {exc}") from None
+    try:
+        return _checked(data, "environment")
+    except _LayerError as err:
+        loc = err.loc
+        nested = f"{ENV_PREFIX}{loc[0]}__{loc[1]}".upper() if len(loc) > 1 else ""
+        name = nested if nested in os.environ else f"{ENV_PREFIX}{loc[0]}".upper()
+        raise ConfigError(f"environment variable {name}: {'.'.join(loc)}: {err.message}"
+                          ) from None
+
+
+class _LayerError(ConfigError):
+    def __init__(self, source: str, loc: tuple[str, ...], message: str,
+                 line: int | None = None):
+        self.loc, self.message = loc, message
+        where = f"{source}:{line}" if line else source
+        super().__init__(f"{where}: {'.'.join(loc) or '<top>'}: {message}")
+
+
+def _checked(data: dict[str, Any], source: str, lines: Any = None) -> dict[str, Any]:
+    """``data`` validated as one layer of the tree: the fields it sets, typed."""
+    try:
+        return RayflowConfig.model_validate(data).model_dump(exclude_unset=True)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        loc = tuple(str(p) for p in err["loc"])
+        if err["type"] == "extra_forbidden":
+            valid = _fields_at(loc[:-1])
+            message = f"unknown key{_did_you_mean(loc[-1], valid)}"
+            if valid:
+                message += f" (valid here: {', '.join(valid)})"
+        else:
+            message = f"{err['msg']} (got {err['input']!r})"
+        raise _LayerError(source, loc, message, yaml_key_line(lines, loc)) from None
+
+
+def _fields_at(loc: tuple[str, ...]) -> list[str]:
+    model: Any = RayflowConfig
+    for part in loc:
+        field = getattr(model, "model_fields", {}).get(part)
+        if field is None:
+            return []
+        model = field.annotation
+    return list(getattr(model, "model_fields", {}))
+
+
+def _did_you_mean(name: str, valid) -> str:
+    close = difflib.get_close_matches(name, list(valid), n=1)
+    return f"; did you mean {close[0]!r}?" if close else ""
 
 
 def _deep_merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
@@ -139,3 +364,115 @@ def _deep_merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
         else:
             out[key] = value
     return out
+
+
+def yaml_key_line(root: Any, path: tuple[str, ...] | str) -> int | None:
+    """Line (1-based) of the key at ``path`` in a composed YAML document
+    (``yaml.compose``), or of its nearest parent that exists; None without a document."""
+    if root is None:
+        return None
+    parts = [p for p in (path.split(".") if isinstance(path, str) else path) if p]
+    node, line = root, None
+    for part in parts:
+        if isinstance(node, yaml.MappingNode):
+            for k, v in node.value:
+                if k.value == part:
+                    node, line = v, k.start_mark.line + 1
+                    break
+            else:
+                return line
+        elif isinstance(node, yaml.SequenceNode) and part.isdigit() and \
+                int(part) < len(node.value):
+            node = node.value[int(part)]
+            line = node.start_mark.line + 1
+        else:
+            return line
+    return line
+
+
+# -- per-step options ---------------------------------------------------------------------
+def validate_step_options(step_id: str, options: Mapping[str, Any]) -> dict[str, Any]:
+    """Check the keyword options of a step (``.map("m", fn, batch_size=100)``).
+
+    Valid: :data:`STEP_OPTIONS`, with the constraints of their :class:`StreamOptions` and
+    :class:`StepOnlyOptions` fields. Returns the options as validated (typed).
+
+    Raises:
+        ConfigError: an unknown option (naming the closest valid one) or a bad value.
+    """
+    for name in options:
+        if name not in STEP_OPTIONS:
+            raise ConfigError(f"step {step_id!r}: unknown option {name!r}"
+                              f"{_did_you_mean(name, STEP_OPTIONS)} (valid: "
+                              f"{', '.join(STEP_OPTIONS)})")
+    stream = {k: v for k, v in options.items() if k in STEP_STREAM_OPTIONS}
+    only = {k: v for k, v in options.items() if k not in STEP_STREAM_OPTIONS}
+    out: dict[str, Any] = {}
+    for model, part in ((StreamOptions, stream), (StepOnlyOptions, only)):
+        try:
+            out.update(model.model_validate(part).model_dump(include=set(part)))
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            name = ".".join(str(p) for p in err["loc"])
+            raise ConfigError(f"step {step_id!r}: option {name}: {err['msg']} "
+                              f"(got {err['input']!r})") from None
+    return {k: out[k] for k in options}
+
+
+# -- the commented defaults file ----------------------------------------------------------
+_HEADER = """\
+# rayflow's configuration defaults. GENERATED from the models in rayflow/config.py by
+# `rayflow config defaults --out rayflow/defaults.yaml`: edit the models, not this file.
+#
+# Override any of them, lowest priority first, with a YAML file of the same shape
+# (RAYFLOW_CONFIG=path.yaml), environment variables RAYFLOW_<SECTION>__<FIELD>
+# (RAYFLOW_STREAM__BATCH_SIZE=4096; mappings as JSON), or keyword arguments
+# (rayflow.run(flow, stream={"batch_size": 4096})). Unknown keys are errors."""
+
+
+def render_defaults() -> str:
+    """The text of ``defaults.yaml``: every section and field with its default, and the
+    model's description (units, choices) as comments."""
+    out = [_HEADER]
+    for section, sfield in RayflowConfig.model_fields.items():
+        model = sfield.annotation
+        out.append("")
+        out.extend(f"# {ln}" for ln in _wrap(_first_paragraph(model.__doc__), 88))
+        out.append(f"{section}:")
+        for name, field in model.model_fields.items():
+            note = field.description or ""
+            choices = _choices(field.annotation)
+            if choices:
+                note += f" [one of: {', '.join(choices)}]"
+            out.extend(f"  # {ln}" for ln in _wrap(note, 86))
+            value = field.get_default(call_default_factory=True)
+            out.append(f"  {name}: {_yaml_scalar(value)}")
+    return "\n".join(out) + "\n"
+
+
+def write_defaults(path: str | Path = DEFAULTS_PATH) -> Path:
+    """Write :func:`render_defaults` to ``path`` (the package's ``defaults.yaml``)."""
+    path = Path(path)
+    path.write_text(render_defaults())
+    return path
+
+
+def _first_paragraph(doc: str | None) -> str:
+    return " ".join((doc or "").strip().split("\n\n")[0].split())
+
+
+def _choices(annotation: Any) -> list[str]:
+    if typing.get_origin(annotation) is Literal:
+        return [str(a) for a in typing.get_args(annotation)]
+    return []
+
+
+def _yaml_scalar(value: Any) -> str:
+    text = yaml.safe_dump(value, default_flow_style=True, width=1000).strip()
+    return text[:-4].strip() if text.endswith("\n...") else text.removesuffix("...").strip()
+
+
+def _wrap(text: str, width: int) -> list[str]:
+    import textwrap
+
+    return textwrap.wrap(text, width) or []

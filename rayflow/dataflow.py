@@ -10,12 +10,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from rayflow.batches import Field
+from rayflow.config import validate_step_options
 from rayflow.connectors.base import SinkSpec, SourceSpec
 from rayflow.errors import ConfigError
 from rayflow.operators.base import OperatorSpec
@@ -47,6 +49,7 @@ class Step:
     inputs: tuple[Edge, ...] = ()
     on_error: OnError | None = None  # None: the job's default
     options: dict = field(default_factory=dict)  # per-step overrides: batch_size, linger_ms...
+    watermarks: Any = None  # sources: an EventTime, how the source makes watermarks
 
 
 class Dataflow:
@@ -66,12 +69,22 @@ class Dataflow:
         return self._steps[step_id]
 
     def source(
-        self, step_id: str, spec: SourceSpec, parallelism: int = 1, **options: Any
+        self, step_id: str, spec: SourceSpec, parallelism: int = 1, *,
+        watermarks: Any = None, **options: Any
     ) -> Stream:
-        """Add a source step and return its output stream."""
+        """Add a source step and return its output stream.
+
+        ``watermarks=EventTime(timestamp, max_delay_s, idle_timeout_s)`` makes the source
+        track event time per split (Kafka partition) and send watermarks downstream, in order
+        with the data; event-time windows, joins and timers fire on them."""
+        from rayflow.operators.windows import EventTime
+
         if not isinstance(spec, SourceSpec):
             raise ConfigError(f"step {step_id!r}: {spec!r} is not a source")
-        self._add(Step(step_id, "source", spec, parallelism, (), None, options))
+        if watermarks is not None and not isinstance(watermarks, EventTime):
+            raise ConfigError(f"step {step_id!r}: watermarks must be an EventTime(...), got "
+                              f"{watermarks!r}")
+        self._add(Step(step_id, "source", spec, parallelism, (), None, options, watermarks))
         return Stream(self, step_id)
 
     def dead_letters(self, spec: SinkSpec) -> None:
@@ -88,6 +101,9 @@ class Dataflow:
             raise ConfigError(f"step id {step.step_id!r} is used twice in flow {self.name!r}")
         if not isinstance(step.parallelism, int) or step.parallelism < 1:
             raise ConfigError(f"step {step.step_id!r}: parallelism must be an int >= 1")
+        # a misspelt option must fail here, not be dropped by the runtime
+        step = dataclasses.replace(step, options=validate_step_options(step.step_id,
+                                                                       step.options))
         self._steps[step.step_id] = step
 
     def validate(self) -> None:
@@ -102,6 +118,26 @@ class Dataflow:
                 f"flow {self.name!r}: the output of {dangling} goes nowhere; end each stream "
                 f"with .sink(step_id, CollectSink() | DiscardSink() | KafkaSink(...))"
             )
+        for s in steps:
+            if getattr(s.spec, "event_time", False) and not self._watermarked(s.step_id):
+                raise ConfigError(
+                    f"step {s.step_id!r} runs on event time, but no source upstream of it "
+                    f"makes watermarks: add watermarks=EventTime(max_delay_s=...) to the "
+                    f"source, e.g. flow.source(step_id, spec, watermarks=EventTime(...))"
+                )
+
+    def _watermarked(self, step_id: str) -> bool:
+        """Whether a source upstream of ``step_id`` makes watermarks."""
+        seen, todo = set(), [step_id]
+        while todo:
+            step = self._steps[todo.pop()]
+            if step.kind == "source" and step.watermarks is not None:
+                return True
+            for e in step.inputs:
+                if e.upstream not in seen:
+                    seen.add(e.upstream)
+                    todo.append(e.upstream)
+        return False
 
     def run(self, **kwargs: Any):
         """Run to completion and return the finished job (see :func:`rayflow.run`)."""
@@ -128,6 +164,125 @@ class Stream:
             parallelism = self.flow.step(self.step_id).parallelism
         edge = Edge(self.step_id, self._partitioning, self._key_fn, self._port)
         self.flow._add(Step(step_id, kind, spec, parallelism, (edge,), on_error, options))
+        return Stream(self.flow, step_id)
+
+    def _edge(self) -> Edge:
+        return Edge(self.step_id, self._partitioning, self._key_fn, self._port)
+
+    def _inputs_with(self, step_id: str, what: str, others: tuple) -> tuple[Edge, ...]:
+        """The edges of a step reading this stream and ``others``."""
+        edges = [self._edge()]
+        for o in others:
+            if not isinstance(o, Stream) or o.flow is not self.flow:
+                raise ConfigError(f"step {step_id!r}: {what}() takes streams of flow "
+                                  f"{self.flow.name!r}, got {o!r}")
+            edges.append(o._edge())
+        seen: set[str] = set()
+        for e in edges:
+            if e.upstream in seen:
+                raise ConfigError(
+                    f"step {step_id!r}: {what}() reads step {e.upstream!r} twice; a step "
+                    f"takes each upstream step once (put a map step on one of the paths)")
+            seen.add(e.upstream)
+        return tuple(edges)
+
+    def merge(self, step_id: str, *others: Stream, parallelism: int | None = None,
+              **options: Any) -> Stream:
+        """The union of this stream and ``others`` (Flink's ``union``), whatever their
+        parallelism. Each input keeps its own partitioning (``key_by`` before ``merge`` keys
+        that input). Event time: the merged stream's watermark is the minimum of its inputs'.
+
+        Example:
+            >>> from rayflow import Dataflow, MemorySource, CollectSink
+            >>> f = Dataflow("u")
+            >>> a, b = f.source("a", MemorySource([1, 2])), f.source("b", MemorySource([3]))
+            >>> a.merge("both", b).sink("out", CollectSink())
+        """
+        from rayflow.operators.stateless import Union
+
+        if not others:
+            raise ConfigError(f"step {step_id!r}: merge() needs at least one other stream")
+        edges = self._inputs_with(step_id, "merge", others)
+        if parallelism is None:
+            parallelism = self.flow.step(self.step_id).parallelism
+        self.flow._add(Step(step_id, "operator", Union(), parallelism, edges, None, options))
+        return Stream(self.flow, step_id)
+
+    def branch(self, step_id: str, predicate: Callable[[Any], bool], *,
+               parallelism: int | None = None, on_error: OnError | None = None,
+               **options: Any) -> tuple[Stream, Stream]:
+        """Split the stream in two: ``(records where predicate is true, the rest)``.
+
+        Example:
+            >>> from rayflow import Dataflow, MemorySource, CollectSink
+            >>> f = Dataflow("b")
+            >>> even, odd = f.source("in", MemorySource([1, 2, 3])).branch("even", lambda x: x % 2 == 0)
+            >>> even.sink("evens", CollectSink()); odd.sink("odds", CollectSink())
+        """
+        from rayflow.operators.stateless import BRANCH_REST, Branch
+
+        out = self._then(step_id, "operator", Branch(predicate), parallelism, on_error, options)
+        return out, out.side(BRANCH_REST)
+
+    def _keyed_pair(self, step_id: str, what: str, right: Any) -> tuple[Edge, ...]:
+        edges = self._inputs_with(step_id, what, (right,))
+        for side, e in zip(("left", "right"), edges):
+            if e.partitioning != "hash" or e.key_fn is None:
+                raise ConfigError(f"step {step_id!r}: {what}() needs both streams keyed; "
+                                  f"call key_by(...) on the {side} one")
+        return edges
+
+    def join(self, step_id: str, right: Stream, window: Any, how: str = "inner", *,
+             clock: Any = None, parallelism: int | None = None, **options: Any) -> Stream:
+        """Window join: pair this stream's records with ``right``'s of the same key in the
+        same window (tumbling, sliding or session); emits ``(key, left, right)``. ``how``:
+        ``inner``, ``left`` (unmatched left records as ``(key, left, None)``) or ``outer``
+        (also ``(key, None, right)``). Both streams need :meth:`key_by`.
+
+        Example:
+            >>> from rayflow import Dataflow, MemorySource, CollectSink
+            >>> from rayflow.operators.windows import TumblingWindow
+            >>> f = Dataflow("j")
+            >>> a = f.source("a", MemorySource([("k", 1)])).key_by(lambda r: r[0])
+            >>> b = f.source("b", MemorySource([("k", 2)])).key_by(lambda r: r[0])
+            >>> a.join("ab", b, TumblingWindow(60.0)).sink("out", CollectSink())
+        """
+        from rayflow.operators.joins import WindowJoin
+        from rayflow.operators.windows import ProcessingTime
+
+        edges = self._keyed_pair(step_id, "join", right)
+        _check_clock(step_id, clock)
+        try:
+            spec = WindowJoin(window, how, edges[0].key_fn, edges[1].key_fn,
+                              clock or ProcessingTime())
+        except ValueError as exc:
+            raise ConfigError(f"step {step_id!r}: {exc}") from None
+        return self._add_multi(step_id, spec, edges, parallelism, options)
+
+    def interval_join(self, step_id: str, right: Stream, lower_s: float, upper_s: float, *,
+                      clock: Any = None, parallelism: int | None = None,
+                      **options: Any) -> Stream:
+        """Interval join on event time: pairs ``(key, left, right)`` of equal keys with
+        ``left.t + lower_s <= right.t <= left.t + upper_s``, emitted as soon as both have
+        arrived; the watermark drops what can no longer match. Both streams need
+        :meth:`key_by` and watermarks from their sources."""
+        from rayflow.operators.joins import IntervalJoin
+        from rayflow.operators.windows import EventTime
+
+        edges = self._keyed_pair(step_id, "interval_join", right)
+        _check_clock(step_id, clock)
+        try:
+            spec = IntervalJoin(lower_s, upper_s, edges[0].key_fn, edges[1].key_fn,
+                                clock or EventTime())
+        except ValueError as exc:
+            raise ConfigError(f"step {step_id!r}: {exc}") from None
+        return self._add_multi(step_id, spec, edges, parallelism, options)
+
+    def _add_multi(self, step_id: str, spec: Any, edges: tuple[Edge, ...],
+                   parallelism: int | None, options: dict) -> Stream:
+        if parallelism is None:
+            parallelism = self.flow.step(self.step_id).parallelism
+        self.flow._add(Step(step_id, "operator", spec, parallelism, edges, None, options))
         return Stream(self.flow, step_id)
 
     def key_by(self, key_fn: Callable[[Any], Any] | str) -> Stream:
@@ -170,8 +325,30 @@ class Stream:
 
         if self._partitioning != "hash" or self._key_fn is None:
             raise ConfigError(f"step {step_id!r}: window() needs key_by(...) before it")
+        _check_clock(step_id, clock)
         spec = Windowed(windower, aggregator, self._key_fn, clock or ProcessingTime())
         return self._then(step_id, "operator", spec, parallelism, on_error, options)
+
+    def stateful_map(self, step_id: str, fn: Callable[[Any, Any], tuple[Any, Any]], *,
+                     parallelism: int | None = None, on_error: OnError | None = None,
+                     **options: Any) -> Stream:
+        """Keep one state per key: ``fn(state, value) -> (state, output)`` per record
+        (``state`` is None for a new key; return a state of None to drop the key). Emits
+        ``(key, output)``. Needs a preceding :meth:`key_by`; the state is checkpointed.
+
+        Example:
+            >>> from rayflow import Dataflow, MemorySource, CollectSink
+            >>> f = Dataflow("s")
+            >>> (f.source("in", MemorySource(["a", "b", "a"])).key_by(str)
+            ...   .stateful_map("seen", lambda n, w: ((n or 0) + 1, (n or 0) + 1))
+            ...   .sink("out", CollectSink()))
+        """
+        from rayflow.operators.stateful import StatefulMap
+
+        if self._partitioning != "hash" or self._key_fn is None:
+            raise ConfigError(f"step {step_id!r}: stateful_map() needs key_by(...) before it")
+        return self._then(step_id, "operator", StatefulMap(fn, self._key_fn), parallelism,
+                          on_error, options)
 
     def map(self, step_id: str, fn: Callable[[Any], Any], *, parallelism: int | None = None,
             on_error: OnError | None = None, **options: Any) -> Stream:
@@ -216,3 +393,17 @@ class Stream:
         if not isinstance(spec, SinkSpec):
             raise ConfigError(f"step {step_id!r}: {spec!r} is not a sink")
         self._then(step_id, "sink", spec, parallelism, on_error, options)
+
+
+def _check_clock(step_id: str, clock: Any) -> None:
+    from rayflow.operators.windows import EventTime, ProcessingTime
+
+    if clock is not None and not isinstance(clock, (EventTime, ProcessingTime)):
+        raise ConfigError(f"step {step_id!r}: clock must be ProcessingTime() or EventTime(), "
+                          f"got {clock!r}")
+    if isinstance(clock, EventTime) and clock.sets_watermarks:
+        raise ConfigError(
+            f"step {step_id!r}: max_delay_s and idle_timeout_s belong to the source, which "
+            f"makes the watermarks per split: flow.source(..., watermarks=EventTime("
+            f"max_delay_s=...)); on the step use clock=EventTime() or EventTime(timestamp=...)"
+        )

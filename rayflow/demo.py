@@ -57,9 +57,9 @@ class _Steps:
 
 def wordcount(bootstrap: str, n: int, inject_failure: bool) -> dict[str, Any]:
     import ray
-    from wordcount import build_flow, sentences
 
     from rayflow.connectors.kafka import create_topic, produce, read_values
+    from rayflow.examples.wordcount import build_flow, sentences
     from rayflow.testing import wait_for
 
     t_in, t_out = f"demo-wc-in-{time.time_ns()}", f"demo-wc-out-{time.time_ns()}"
@@ -81,11 +81,11 @@ def wordcount(bootstrap: str, n: int, inject_failure: bool) -> dict[str, Any]:
     m = job.metrics()
     lat = job.latency()
     span = m["sink"]["last_out_time"] - (m["sink"]["first_in_time"] or 0)
-    return {"demo": "W4 word count (exactly-once)", "records": n,
+    return {"demo": "W4 word count (exactly-once)", "records": f"{n:,}",
             "rate": f"{n / span:,.0f} rec/s" if span > 0 else "-",
             "latency p50/p99": f"{lat['p50_ms']:.0f}/{lat['p99_ms']:.0f} ms",
-            "extra": f"{len(job.checkpoints())} checkpoints, {len(job.recoveries)} recoveries, "
-                     f"{m['parse']['dead_letters']} dead letters",
+            "checkpoints": len(job.checkpoints()), "recoveries": len(job.recoveries),
+            "dead letters": m["parse"]["dead_letters"],
             "check": "ok" if ok else f"MISMATCH ({len(got)} windows, expected {expected})"}
 
 
@@ -106,12 +106,12 @@ def images(count: int, size: int) -> dict[str, Any]:
         got = cv2.imread(str(out / first.name), cv2.IMREAD_UNCHANGED)
         ok = got is not None and np.array_equal(got, want) and res["images_written"] == count
     mem = res.get("memory") or {}
-    peak = mem.get("uss_peak_above_idle_mb")
-    return {"demo": f"W1 image blur {size} px", "records": count,
-            "rate": f"{res['throughput_img_s']:,.1f} img/s", "latency p50/p99": "-",
-            "extra": (f"peak USS +{peak:.0f} MB, store {mem.get('object_store_peak_mb')} MB, "
-                      if isinstance(peak, (int, float)) else "")
-                     + f"{res['dead_letters']} dead letters",
+    peak, store = mem.get("uss_peak_above_idle_mb"), mem.get("object_store_peak_mb")
+    return {"demo": f"W1 image blur {size} px", "records": f"{count:,} images",
+            "rate": f"{res['throughput_img_s']:,.1f} img/s",
+            "peak USS above idle": f"{peak:.0f} MB" if isinstance(peak, (int, float)) else "-",
+            "object store peak": f"{store} MB" if store is not None else "-",
+            "dead letters": res["dead_letters"],
             "check": "ok" if ok and res["dead_letters"] == 1 else "MISMATCH"}
 
 
@@ -134,21 +134,21 @@ def hpc(n: int) -> list[dict[str, Any]]:
     res = cg_solve(spd, rhs, ranks=2, tol=1e-10)
     cg_err = float(np.abs(res.x - np.linalg.solve(spd, rhs)).max())
     return [
-        {"demo": f"W5 Cannon {n}x{n}, 2x2 gang", "records": "-",
-         "rate": f"{2 * n**3 / stage_s / 1e9:.1f} GFLOP/s in the stage ({wall:.1f} s with "
-                 f"gang start)",
-         "latency p50/p99": "-", "extra": f"rel. error {err:.1e}",
+        {"demo": f"W5 Cannon {n}x{n}, 2x2 gang",
+         "rate in the stage": f"{2 * n**3 / stage_s / 1e9:.3g} GFLOP/s",
+         "wall with gang start": f"{wall:.1f} s", "relative error": f"{err:.1e}",
          "check": "ok" if err < 1e-12 else "MISMATCH"},
-        {"demo": f"W6 CG {n}x{n}, 2 ranks", "records": "-",
-         "rate": f"{res.ms_per_iteration:.2f} ms/iteration", "latency p50/p99": "-",
-         "extra": f"{res.iterations} iterations, max error {cg_err:.1e}",
+        {"demo": f"W6 CG {n}x{n}, 2 ranks",
+         "time per iteration": f"{res.ms_per_iteration:.2f} ms",
+         "iterations": res.iterations, "max error": f"{cg_err:.1e}",
          "check": "ok" if cg_err < 1e-8 else "MISMATCH"},
     ]
 
 
 def stream_solve(windows: int) -> dict[str, Any]:
     import numpy as np
-    from stream_solve import build_flow, reference_fits
+
+    from rayflow.examples.stream_solve import build_flow, reference_fits
 
     rows, features = 200, 16
     job = rf.run(build_flow(rf.CollectSink(), windows, rows, features, name="demo-solve"),
@@ -160,26 +160,46 @@ def stream_solve(windows: int) -> dict[str, Any]:
     stage_ms = sorted(r["stage_ms"] for r in got.values())
     span = job.finished_at - job.ready_at
     return {"demo": "stream -> CG stage per window",
-            "records": windows, "rate": f"{windows / span:.1f} windows/s",
-            "latency p50/p99": "-",
-            "extra": f"stage {stage_ms[len(stage_ms) // 2]:.0f} ms/window (median)",
+            "windows": windows, "rate": f"{windows / span:.1f} windows/s",
+            "stage per window (median)": f"{stage_ms[len(stage_ms) // 2]:.0f} ms",
             "check": "ok" if ok else "MISMATCH"}
 
 
+def summary_table(rows: list[dict[str, Any]]) -> Table:
+    """The demo's summary: one row per figure under a title row per demo (with its check),
+    two narrow columns, so that it reads at 80 columns."""
+    table = Table(title="rayflow demo", show_lines=False)
+    table.add_column("demo / figure", overflow="fold")
+    table.add_column("value", overflow="fold")
+    for n, row in enumerate(rows):
+        check = str(row.get("check", ""))
+        table.add_row(f"[bold]{row['demo']}[/bold]",
+                      f"[green]{check}[/green]" if check == "ok" else f"[red]{check}[/red]")
+        figures = [(k, v) for k, v in row.items() if k not in ("demo", "check") and v != "-"]
+        for i, (key, value) in enumerate(figures):
+            table.add_row(f"  {key}", str(value),
+                          end_section=i == len(figures) - 1 and n < len(rows) - 1)
+    return table
+
+
 def run_demo(quick: bool = False, address: str | None = None, bootstrap: str | None = None,
-             inject_failure: bool = False) -> list[dict[str, Any]]:
+             inject_failure: bool = False, console: Console | None = None
+             ) -> list[dict[str, Any]]:
     """Run every demo and print a table; returns the rows."""
-    from rayflow._raycontext import ensure_ray
+    from rayflow._raycontext import dashboard_available, dashboard_url, ensure_ray
+    from rayflow.config import load_config
 
     _jobs()
-    console = Console()
+    console = console or Console()
     steps = _Steps(console)
     broker = None
     rows: list[dict[str, Any]] = []
     with steps.step("starting Ray and the embedded Kafka broker"):
-        ray = ensure_ray(address, num_cpus=None if address else 4)
+        # a private Ray with its dashboard when this Python can run it (ray[default])
+        ensure_ray(address, num_cpus=None if address else 4,
+                   include_dashboard=address is None and dashboard_available())
         if bootstrap is None:
-            broker = rf.EmbeddedBroker().start()
+            broker = rf.EmbeddedBroker(timeout_s=load_config().kafka.startup_timeout_s).start()
             bootstrap = broker.bootstrap
     try:
         with steps.step("W4 word count, exactly-once" + (" (with a failure)" if inject_failure
@@ -194,15 +214,11 @@ def run_demo(quick: bool = False, address: str | None = None, bootstrap: str | N
     finally:
         if broker:
             broker.stop()
-    table = Table(title="rayflow demo")
-    for col in rows[0]:
-        table.add_column(col)
-    for row in rows:
-        table.add_row(*(str(v) for v in row.values()))
-    console.print(table)
-    try:
-        url = ray.worker.get_dashboard_url()
-    except Exception:  # noqa: BLE001 - no dashboard
-        url = None
-    console.print(f"Ray dashboard: {'http://' + url if url else 'not running (local Ray)'}")
+    console.print(summary_table(rows))
+    url = dashboard_url()
+    if url:
+        console.print(f"Ray dashboard: {url}")
+    else:
+        console.print("Ray dashboard: not running" + ("" if dashboard_available() else
+                      " (install ray[default] for it)"))
     return rows

@@ -11,13 +11,18 @@ class ConfigError(RayflowError, ValueError):
     """A configuration, flow definition or cluster spec is invalid."""
 
 
+# ``StepError.record`` of a step that failed before it saw any record: while being built
+START_UP = "(start-up)"
+
+
 class StepError(RayflowError):
-    """User code raised inside a step.
+    """A step failed: user code raised inside it, or it could not start.
 
     Attributes:
         step_id: the step whose logic raised.
         instance: the parallel instance index (0-based).
-        record: a short repr of the offending record (or batch).
+        record: a short repr of the offending record (or batch); :data:`START_UP` when the
+            step failed while being built (no such topic, no broker, no directory).
         reason: the original exception, as ``Type: message``.
     """
 
@@ -26,9 +31,8 @@ class StepError(RayflowError):
         self.instance = instance
         self.record = record
         self.reason = reason
-        super().__init__(
-            f"step {step_id!r} instance {instance} failed on record {record}: {reason}"
-        )
+        what = "failed to start" if record == START_UP else f"failed on record {record}"
+        super().__init__(f"step {step_id!r} instance {instance} {what}: {reason}")
 
     def __reduce__(self):
         return (StepError, (self.step_id, self.instance, self.record, self.reason))

@@ -47,6 +47,12 @@ class CrashDuringCheckpoint(OperatorSpec):
             def process(self, items, times):
                 return logic.process(items, times)
 
+            def process_input(self, index, items, times):
+                return logic.process_input(index, items, times)
+
+            def on_watermark(self, watermark):
+                return logic.on_watermark(watermark)
+
             def on_tick(self, now):
                 return logic.on_tick(now)
 
@@ -93,6 +99,9 @@ class CrashBeforeCommit(SinkSpec):
                     _crash_once(spec.marker)
                 writer.commit(checkpoint_id)
 
+            def uncommitted(self):
+                return writer.uncommitted()
+
             def result(self):
                 return writer.result()
 
@@ -113,3 +122,32 @@ def wait_for(predicate: Any, timeout_s: float = 30.0, every_s: float = 0.1) -> A
             return value
         time.sleep(every_s)
     raise TimeoutError(f"condition not met within {timeout_s}s")
+
+
+@dataclass(frozen=True)
+class CrashDuringCommit(SinkSpec):
+    """Runs the exactly-once :class:`~rayflow.KafkaSink` ``inner``; its instance
+    ``instance`` dies in the middle of committing its first epoch: every record of the
+    transaction has reached the broker, the transaction is not committed. On a broker whose
+    ``read_committed`` shows aborted data, those records are visible: the worst case for a
+    restore."""
+
+    inner: SinkSpec
+    marker: str
+    instance: int = 0
+
+    def build(self, ctx, resume_state=None):
+        writer = self.inner.build(ctx, resume_state)
+        producer = getattr(writer, "p", None)
+        if ctx.instance == self.instance and producer is not None and \
+                ctx.guarantee == "exactly_once":
+            commit, marker = producer.commit, self.marker
+
+            def flush_then_die():
+                producer.flush()
+                if Path(marker).exists():
+                    return commit()
+                _crash_once(marker)
+
+            producer.commit = flush_then_die
+        return writer

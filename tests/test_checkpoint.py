@@ -45,15 +45,65 @@ def test_timeout_aborts_and_keeps_the_previous_checkpoint():
     assert c.tick(8.3) == [Trigger(3)]
 
 
-def test_failure_aborts_in_flight_and_finished_sources_stop_triggers():
+def test_failure_aborts_in_flight():
     c = Coordinator(TASKS, interval_s=1.0)
     c.tick(0)
     assert c.tick(1) == [Trigger(1)]
     assert c.failure(1.5) == [Abort(1, "failure")]
     assert c.tick(2.5) == [Trigger(2)]
-    assert c.task_finished(("src", 0), 2.6) == [Abort(2, "src[0] finished")]
-    assert c.tick(10) == []
-    assert [h["status"] for h in c.history] == ["aborted: failure", "aborted: src[0] finished"]
+    assert [h["status"] for h in c.history] == ["aborted: failure"]
+
+
+def test_a_finished_task_acknowledges_with_its_final_state():
+    c = Coordinator(TASKS, interval_s=1.0, sources={("src", 0), ("src", 1)})
+    c.tick(0)
+    assert c.tick(1) == [Trigger(1)]
+    # src 0 ends before it sees barrier 1: its final state stands in for its ack
+    assert c.task_finished(("src", 0), 1.1, "end-0") == []
+    c.ack(1, ("src", 1), "s1", 1.2)
+    assert c.ack(1, ("sink", 0), "k", 1.3) == [Complete(1, frozenset({("src", 0)}))]
+    assert c.latest.handles[("src", 0)] == "end-0" and not c.latest.final
+    # checkpoints go on with the remaining source; the finished one is prefilled
+    assert c.tick(2.5) == [Trigger(2)]
+    assert c.pending.acks == {("src", 0): "end-0"}
+    assert c.ack(2, ("src", 0), "ignored", 2.4) == []
+    c.ack(2, ("src", 1), "s1b", 2.5)
+    assert c.ack(2, ("sink", 0), "k2", 2.6)[0].checkpoint_id == 2
+
+
+def test_the_final_checkpoint_completes_when_every_task_has_finished():
+    c = Coordinator(TASKS, interval_s=0, sources={("src", 0), ("src", 1)})
+    assert c.task_finished(("src", 0), 1.0, "a") == []
+    assert c.task_finished(("src", 1), 1.1, "b") == []
+    assert c.trigger(1.2) == []  # no source can inject a barrier; the sink is still running
+    assert c.task_finished(("sink", 0), 1.5, "last-epoch") == [Complete(1, frozenset(TASKS))]
+    assert c.latest.final and c.done
+    assert c.latest.handles == {("src", 0): "a", ("src", 1): "b", ("sink", 0): "last-epoch"}
+    assert c.tick(10) == [] and c.trigger(11) == []  # nothing after the final checkpoint
+
+
+def test_a_task_that_acked_then_finished_gets_a_final_checkpoint_after():
+    c = Coordinator(TASKS, interval_s=1.0, sources={("src", 0), ("src", 1)})
+    c.tick(0)
+    c.tick(1)
+    c.ack(1, ("src", 0), "s0", 1.1)
+    c.ack(1, ("src", 1), "s1", 1.1)
+    for t, h in [(("src", 0), "e0"), (("src", 1), "e1")]:
+        assert c.task_finished(t, 1.2, h) == []
+    acts = c.task_finished(("sink", 0), 1.3, "kfinal")  # fills checkpoint 1, then final 2
+    assert acts == [Complete(1, frozenset({("sink", 0)})), Complete(2, frozenset(TASKS))]
+    assert c.latest.checkpoint_id == 2 and c.latest.final
+
+
+def test_savepoint_trigger_waits_for_the_checkpoint_in_flight():
+    c = Coordinator(TASKS, interval_s=1.0, sources={("src", 0), ("src", 1)})
+    c.tick(0)
+    assert c.tick(1) == [Trigger(1)]
+    assert c.trigger(1.1, savepoint=True) == []
+    _complete(c, 1, 1.2)
+    assert c.trigger(1.3, savepoint=True) == [Trigger(2, True)]
+    _complete(c, 2, 1.4)
+    assert c.latest.savepoint and c.latest.checkpoint_id == 2
 
 
 def test_restored_coordinator_continues_ids():

@@ -83,6 +83,11 @@ class SourceSpec:
         return None
 
 
+#: The epoch id of what a sink holds at its end of stream (after its last barrier): it is
+#: committed with the first checkpoint that holds the sink's final state.
+FINAL_EPOCH = 2**62
+
+
 class SinkWriter:
     """One parallel instance of a sink."""
 
@@ -101,6 +106,11 @@ class SinkWriter:
     def commit(self, checkpoint_id: int) -> None:
         """Checkpoint ``checkpoint_id`` completed: make its output visible (two-phase
         commit). A no-op for sinks whose writes are visible at once."""
+
+    def uncommitted(self) -> bool:
+        """Whether it holds output that waits for a checkpoint to complete (two-phase
+        commit sinks); the task stays alive until it is committed."""
+        return False
 
     def result(self) -> Any:
         """What the driver may fetch after the run (the collecting sink's records)."""

@@ -1,8 +1,8 @@
 """Kafka source and sink, with kafka-python (default) or confluent-kafka (the fast option).
 
-Partitions are assigned explicitly (no consumer-group rebalancing): instance ``i`` of ``n``
-reads partitions ``p`` with ``p % n == i``, as Flink does, so the assignment is
-deterministic and checkpointed offsets map back to the same instance.
+Partitions are assigned explicitly (no consumer-group rebalancing): the partitions of all
+the source's topics, in (topic, partition) order, are dealt round-robin over the instances,
+so the assignment is deterministic and checkpointed offsets map back to the same instance.
 
     src = KafkaSource("words", bootstrap="127.0.0.1:9092", start="earliest", bounded=True)
     sink = KafkaSink("counts", bootstrap="127.0.0.1:9092")
@@ -14,6 +14,8 @@ use librdkafka names such as ``security.protocol``).
 
 from __future__ import annotations
 
+import hashlib
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -30,10 +32,10 @@ Client = Literal["kafka-python", "confluent"]
 
 
 def default_bootstrap() -> str:
-    """The bootstrap address from the configuration (``RAYFLOW_KAFKA__BOOTSTRAP``)."""
-    from rayflow.config import load_config
+    """The bootstrap address from the job's configuration (``kafka.bootstrap``)."""
+    from rayflow.config import current
 
-    bootstrap = load_config().kafka.bootstrap
+    bootstrap = current().kafka.bootstrap
     if not bootstrap:
         raise ValueError(
             "no Kafka bootstrap address: pass bootstrap=..., set RAYFLOW_KAFKA__BOOTSTRAP, "
@@ -42,17 +44,29 @@ def default_bootstrap() -> str:
     return bootstrap
 
 
+def _client_options(client: str, options: dict) -> dict:
+    """A connector's client options: the job's ``kafka.options`` (kafka-python) or
+    ``kafka.confluent_options`` (confluent), under the connector's own."""
+    from rayflow.config import current
+
+    return current().kafka.client_options(client, options)
+
+
 class KafkaMessage(NamedTuple):
     """A record with its position (``KafkaSource(with_metadata=True)``)."""
 
     partition: int
     offset: int
     value: Any
+    topic: str = ""
 
 
 @dataclass(frozen=True)
 class KafkaSource(SourceSpec):
-    """Read a topic.
+    """Read one topic, several topics, or every topic whose name matches a pattern.
+
+    The partitions of all the topics, in (topic, partition) order, are dealt over the
+    instances: instance ``i`` of ``n`` reads the ``j``-th partition when ``j % n == i``.
 
     Args:
         topic: the topic to read.
@@ -66,11 +80,14 @@ class KafkaSource(SourceSpec):
         client: ``kafka-python`` or ``confluent``.
         options: extra client options (security settings and tuning), passed through.
         commit_interval_s: how often a group's offsets are committed.
-        with_metadata: records are :class:`KafkaMessage` (partition, offset, value) instead
-            of bare values, e.g. to name a bad record's position in a dead letter.
+        with_metadata: records are :class:`KafkaMessage` (partition, offset, value, topic)
+            instead of bare values, e.g. to name a bad record's position in a dead letter.
+        topics: several topics to read, instead of ``topic``.
+        pattern: a regular expression; every topic whose whole name matches it when the
+            job starts is read (topics made later are not), instead of ``topic``.
     """
 
-    topic: str
+    topic: str | None = None
     bootstrap: str | None = None
     start: Start = "earliest"
     group_id: str | None = None
@@ -80,67 +97,138 @@ class KafkaSource(SourceSpec):
     options: dict = field(default_factory=dict)
     commit_interval_s: float = 5.0
     with_metadata: bool = False
+    topics: tuple[str, ...] | None = None
+    pattern: str | None = None
+
+    def __post_init__(self):
+        given = [n for n in ("topic", "topics", "pattern") if getattr(self, n) is not None]
+        if len(given) != 1:
+            raise ValueError(f"KafkaSource: give exactly one of topic=, topics= or pattern= "
+                             f"(got {given or 'none'})")
+        if self.topic is not None and not (isinstance(self.topic, str) and self.topic):
+            raise ValueError(f"KafkaSource: topic must be a non-empty str, got {self.topic!r}")
+        if self.topics is not None:
+            if isinstance(self.topics, str) or not all(
+                    isinstance(t, str) and t for t in self.topics) or not self.topics:
+                raise ValueError(f"KafkaSource: topics must be a non-empty list of topic "
+                                 f"names, got {self.topics!r}")
+            if len(set(self.topics)) != len(self.topics):
+                raise ValueError(f"KafkaSource: topics {list(self.topics)} name a topic twice")
+            object.__setattr__(self, "topics", tuple(self.topics))
+        if self.pattern is not None:
+            try:
+                re.compile(self.pattern)
+            except re.error as exc:
+                raise ValueError(f"KafkaSource: pattern {self.pattern!r} is not a regular "
+                                 f"expression: {exc}") from None
+
+    @property
+    def name(self) -> str:
+        """What the source reads, for messages."""
+        if self.topic is not None:
+            return repr(self.topic)
+        return repr(list(self.topics)) if self.topics else f"pattern {self.pattern!r}"
 
     def build(self, ctx: StepContext, resume_state: Any = None) -> SourceReader:
         bootstrap = self.bootstrap or default_bootstrap()
         if self.start == "committed" and not self.group_id:
-            raise ValueError(f"KafkaSource({self.topic!r}): start='committed' needs a group_id")
+            raise ValueError(f"KafkaSource({self.name}): start='committed' needs a group_id")
         consumer = (_ConfluentConsumer if self.client == "confluent" else _KPConsumer)(
-            bootstrap, self.group_id, self.options
+            bootstrap, self.group_id, _client_options(self.client, self.options)
         )
         return _KafkaReader(self, ctx, consumer, resume_state)
 
 
+def _topic_names(spec: KafkaSource, consumer) -> list[str]:
+    if spec.topic is not None:
+        return [spec.topic]
+    if spec.topics is not None:
+        return list(spec.topics)
+    rx = re.compile(spec.pattern)
+    names = sorted(t for t in consumer.topics() if rx.fullmatch(t) and not t.startswith("__"))
+    if not names:
+        raise ValueError(f"KafkaSource: no topic matches the pattern {spec.pattern!r}")
+    return names
+
+
 class _KafkaReader(SourceReader):
+    """Reads its share of the partitions of every topic; positions are keyed by
+    ``(topic, partition)`` (by partition alone for a single ``topic``, as before)."""
+
     def __init__(self, spec: KafkaSource, ctx: StepContext, consumer, resume_state):
         self.spec, self.c = spec, consumer
-        parts = consumer.partitions(spec.topic)
-        if not parts:
-            raise ValueError(f"Kafka topic {spec.topic!r} does not exist or has no partitions")
-        self.partitions = [p for p in sorted(parts) if p % ctx.parallelism == ctx.instance]
+        self.topic_list = _topic_names(spec, consumer)
+        every: list[tuple[str, int]] = []
+        for t in self.topic_list:
+            parts = consumer.partitions(t)
+            if not parts:
+                raise ValueError(f"Kafka topic {t!r} does not exist or has no partitions")
+            every.extend((t, p) for p in sorted(parts))
+        self.partitions = [tp for j, tp in enumerate(every)
+                           if j % ctx.parallelism == ctx.instance]
         if isinstance(resume_state, Rescaled):  # offsets of every old instance: keep ours
-            merged = {int(p): o for h in resume_state.handles if h for p, o in h.items()}
-            resume_state = {p: o for p, o in merged.items() if p in self.partitions}
-        self.next: dict[int, int] = {}
+            merged = {self._tp(k): o for h in resume_state.handles if h for k, o in h.items()}
+            resume_state = {tp: o for tp, o in merged.items() if tp in self.partitions}
+        self.next: dict[tuple[str, int], int] = {}
+        self._keep: list[int] | None = None
         if self.partitions:
-            begin, end = consumer.watermarks(spec.topic, self.partitions)
+            begin, end = {}, {}
+            for t in self.topic_list:
+                mine = [p for tt, p in self.partitions if tt == t]
+                if mine:
+                    b, e = consumer.watermarks(t, mine)
+                    begin.update({(t, p): o for p, o in b.items()})
+                    end.update({(t, p): o for p, o in e.items()})
             if spec.bounded or spec.start == "latest":
                 end = self._true_end(begin, end)
             if resume_state:
-                start = {int(p): int(o) for p, o in resume_state.items()}
+                start = {self._tp(k): int(o) for k, o in resume_state.items()}
             elif spec.start == "latest":
                 start = end
             elif spec.start == "committed":
-                committed = consumer.committed(spec.topic, self.partitions)
-                start = {p: committed.get(p) if committed.get(p) is not None else begin[p]
-                         for p in self.partitions}
+                start = {}
+                for t in self.topic_list:
+                    mine = [p for tt, p in self.partitions if tt == t]
+                    if mine:
+                        got = consumer.committed(t, mine)
+                        start.update({(t, p): o for p, o in got.items() if o is not None})
             else:
                 start = begin
-            self.next = {p: start.get(p, begin[p]) for p in self.partitions}
-            self.c.assign(spec.topic, self.next)
+            self.next = {tp: start.get(tp, begin[tp]) for tp in self.partitions}
+            self.c.assign_tps(self.next)
             self.end = end if spec.bounded else None
         else:
             self.end = {}
         self.last_commit = time.monotonic()
 
-    def _true_end(self, begin: dict[int, int], end: dict[int, int]) -> dict[int, int]:
+    def _tp(self, key: Any) -> tuple[str, int]:
+        """A position key as (topic, partition): checkpoints of a single-topic source key
+        by partition alone."""
+        if isinstance(key, tuple):
+            return (str(key[0]), int(key[1]))
+        if len(self.topic_list) != 1:
+            raise ValueError(f"KafkaSource({self.spec.name}): the checkpoint keys offsets by "
+                             f"partition only; it was taken from a single-topic source")
+        return (self.topic_list[0], int(key))
+
+    def _true_end(self, begin: dict, end: dict) -> dict:
         """End offsets, confirmed by reading the last record batch of each partition.
 
         Some brokers (Tansu 0.x, the embedded default) answer ListOffsets(latest) with the
         last *batch's* base offset + 1 instead of the last record's offset + 1. Reading from
         that offset returns the rest of the batch, whose last offset is the true end.
         """
-        probe = {p: end[p] - 1 for p in self.partitions if end[p] > begin[p]}
+        probe = {tp: end[tp] - 1 for tp in self.partitions if end[tp] > begin[tp]}
         if not probe:
             return end
-        self.c.assign(self.spec.topic, probe)
+        self.c.assign_tps(probe)
         true_end = dict(end)
         idle_polls, deadline = 0, time.monotonic() + 30
         while idle_polls < 2 and time.monotonic() < deadline:
-            values, _, last = self.c.poll(1_000_000, 0.2)
-            for p, off in last.items():
-                true_end[p] = max(true_end[p], off + 1)
-            seen_all = all(true_end[p] > probe[p] for p in probe)
+            values, _, last = self.c.poll_tps(1_000_000, 0.2)
+            for tp, off in last.items():
+                true_end[tp] = max(true_end[tp], off + 1)
+            seen_all = all(true_end[tp] > probe[tp] for tp in probe)
             idle_polls = idle_polls + 1 if (not values and seen_all) else 0
         return true_end
 
@@ -150,40 +238,63 @@ class _KafkaReader(SourceReader):
         if not self.partitions:
             time.sleep(timeout_s)
             return None
-        values, stamps, last = self.c.poll(max_records, timeout_s)
-        for p, off in last.items():
-            self.next[p] = off + 1
+        values, stamps, last = self.c.poll_tps(max_records, timeout_s)
+        for tp, off in last.items():
+            self.next[tp] = off + 1
         if self.spec.group_id and time.monotonic() - self.last_commit > self.spec.commit_interval_s:
             self.commit()
+        self._keep = None
         if not values:
             return None
-        positions = self.c.positions() if self.spec.with_metadata else None
-        if self.end is not None and any(off >= self.end[p] for p, off in last.items()):
+        positions = self.c.positions_tps() if self.spec.with_metadata else None
+        if self.end is not None and any(off >= self.end[tp] for tp, off in last.items()):
             # a bounded read stops at the end offsets seen at start-up: later records are not
             # ours
-            positions = positions or self.c.positions()
-            keep = [i for i, (p, off) in enumerate(positions) if off < self.end[p]]
+            positions = positions or self.c.positions_tps()
+            keep = [i for i, (t, p, off) in enumerate(positions) if off < self.end[(t, p)]]
             values = [values[i] for i in keep]
             stamps = [stamps[i] for i in keep]
             positions = [positions[i] for i in keep]
-            for p in last:
-                self.next[p] = min(self.next[p], self.end[p])
+            self._keep = keep
+            for tp in last:
+                self.next[tp] = min(self.next[tp], self.end[tp])
         des = self.spec.deserializer
         items = values if des is None else [des(v) for v in values]
         if self.spec.with_metadata:
-            items = [KafkaMessage(p, o, v) for (p, o), v in zip(positions, items)]
+            items = [KafkaMessage(p, o, v, t) for (t, p, o), v in zip(positions, items)]
         return items, np.asarray(stamps, dtype=np.float64) / 1000.0
+
+    def splits(self) -> list[str]:
+        """The partitions this reader still reads (a bounded one that reached its end is
+        done), as ``"topic:partition"`` names: event time is tracked per partition."""
+        return [f"{t}:{p}" for t, p in self.partitions
+                if self.end is None or self.next[(t, p)] < self.end[(t, p)]]
+
+    def record_splits(self) -> np.ndarray:
+        """The ``"topic:partition"`` of each record of the last poll."""
+        names, counts = [], []
+        for (t, p), n in self.c.runs_tps():
+            names.append(f"{t}:{p}")
+            counts.append(n)
+        out = np.repeat(np.array(names, dtype=object), counts)
+        return out if self._keep is None else out[self._keep]
 
     @property
     def exhausted(self) -> bool:
-        return self.end is not None and all(self.next[p] >= self.end[p] for p in self.partitions)
+        return self.end is not None and all(self.next[tp] >= self.end[tp]
+                                            for tp in self.partitions)
 
-    def snapshot(self) -> dict[int, int]:
+    def snapshot(self) -> dict:
+        if self.spec.topic is not None:
+            return {p: o for (_, p), o in self.next.items()}
         return dict(self.next)
 
     def commit(self) -> None:
         if self.spec.group_id and self.partitions:
-            self.c.commit(self.spec.topic, self.next)
+            for t in self.topic_list:
+                offsets = {p: o for (tt, p), o in self.next.items() if tt == t}
+                if offsets:
+                    self.c.commit(t, offsets)
         self.last_commit = time.monotonic()
 
     def close(self) -> None:
@@ -201,6 +312,7 @@ class _KPConsumer:
     def __init__(self, bootstrap: str, group_id: str | None, options: dict):
         from kafka import KafkaConsumer
 
+        self.bootstrap, self.options = bootstrap, dict(options)  # what it was built with
         opts = dict(
             bootstrap_servers=bootstrap,
             group_id=group_id,
@@ -257,6 +369,36 @@ class _KPConsumer:
         most polls never need them)."""
         return [(tp.partition, r.offset) for tp, recs in self._got.items() for r in recs]
 
+    def end_offsets(self, topic) -> dict[int, int]:
+        parts = self.partitions(topic)
+        if not parts:
+            raise ValueError(f"Kafka topic {topic!r} does not exist or has no partitions")
+        return self.watermarks(topic, sorted(parts))[1]
+
+    def scan_headers(self, topic, start: dict[int, int], key: str,
+                     timeout_s: float = 60.0) -> list[bytes]:
+        """Values of header ``key`` of every record from ``start`` to the end (as this
+        consumer's isolation level shows them)."""
+        from kafka import TopicPartition
+
+        if not start:
+            return []
+        target = _high_watermarks(self, topic, start)
+        self.assign(topic, start)
+        tps = [TopicPartition(topic, p) for p in start]
+        out: list[bytes] = []
+        idle, deadline = 0, time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            got = self.consumer.poll(timeout_ms=300, max_records=100_000)
+            idle = 0 if got else idle + 1
+            for recs in got.values():
+                for r in recs:
+                    out.extend(v for k, v in (r.headers or ()) if k == key)
+            at_end = all(self.consumer.position(tp) >= target[tp.partition] for tp in tps)
+            if idle >= 2 and (at_end or idle >= 20):
+                return out
+        raise TimeoutError(f"reading topic {topic!r} back took over {timeout_s:.0f} s")
+
     def commit(self, topic, offsets):
         from kafka import TopicPartition
         from kafka.structs import OffsetAndMetadata
@@ -264,6 +406,38 @@ class _KPConsumer:
         self.consumer.commit(
             {TopicPartition(topic, p): OffsetAndMetadata(o, "", -1) for p, o in offsets.items()}
         )
+
+    # -- the source: partitions of several topics, as (topic, partition) pairs -----------
+    def topics(self) -> set[str]:
+        return set(self.consumer.topics())
+
+    def assign_tps(self, offsets: dict) -> None:
+        from kafka import TopicPartition
+
+        tps = {tp: TopicPartition(*tp) for tp in offsets}
+        self.consumer.assign(list(tps.values()))
+        for tp, off in offsets.items():
+            self.consumer.seek(tps[tp], off)
+
+    def poll_tps(self, max_records, timeout_s):
+        got = self.consumer.poll(timeout_ms=int(timeout_s * 1000), max_records=max_records)
+        values: list = []
+        stamps: list = []
+        last: dict[tuple[str, int], int] = {}
+        for tp, recs in got.items():
+            values.extend([r.value for r in recs])
+            stamps.extend([r.timestamp for r in recs])
+            last[(tp.topic, tp.partition)] = recs[-1].offset
+        self._got = got
+        return values, stamps, last
+
+    def runs_tps(self) -> list[tuple[tuple[str, int], int]]:
+        """((topic, partition), count) of the last poll's records, in order."""
+        return [((tp.topic, tp.partition), len(recs)) for tp, recs in self._got.items()]
+
+    def positions_tps(self) -> list[tuple[str, int, int]]:
+        return [(tp.topic, tp.partition, r.offset) for tp, recs in self._got.items()
+                for r in recs]
 
     def close(self):
         self.consumer.close()
@@ -273,6 +447,7 @@ class _ConfluentConsumer:
     def __init__(self, bootstrap: str, group_id: str | None, options: dict):
         from confluent_kafka import Consumer
 
+        self.bootstrap, self.options = bootstrap, dict(options)  # what it was built with
         conf = {
             "bootstrap.servers": bootstrap,
             "group.id": group_id or "rayflow-unmanaged",
@@ -324,12 +499,77 @@ class _ConfluentConsumer:
     def positions(self) -> list[tuple[int, int]]:
         return [(m.partition(), m.offset()) for m in self._msgs]
 
+    def end_offsets(self, topic) -> dict[int, int]:
+        parts = self.partitions(topic)
+        if not parts:
+            raise ValueError(f"Kafka topic {topic!r} does not exist or has no partitions")
+        return self.watermarks(topic, sorted(parts))[1]
+
+    def scan_headers(self, topic, start: dict[int, int], key: str,
+                     timeout_s: float = 60.0) -> list[bytes]:
+        """Values of header ``key`` of every record from ``start`` to the end (as this
+        consumer's isolation level shows them)."""
+        from confluent_kafka import TopicPartition
+
+        if not start:
+            return []
+        target = _high_watermarks(self, topic, start)
+        self.assign(topic, start)
+        out: list[bytes] = []
+        idle, deadline = 0, time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            msgs = self.consumer.consume(num_messages=100_000, timeout=0.3)
+            idle = 0 if msgs else idle + 1
+            for m in msgs:
+                if m.error():
+                    raise RuntimeError(f"Kafka consume error: {m.error()}")
+                out.extend(v for k, v in (m.headers() or ()) if k == key)
+            pos = self.consumer.position([TopicPartition(topic, p) for p in start])
+            at_end = all(tp.offset >= target[tp.partition] for tp in pos)
+            if idle >= 2 and (at_end or idle >= 20):
+                return out
+        raise TimeoutError(f"reading topic {topic!r} back took over {timeout_s:.0f} s")
+
     def commit(self, topic, offsets):
         from confluent_kafka import TopicPartition
 
         self.consumer.commit(
             offsets=[TopicPartition(topic, p, o) for p, o in offsets.items()], asynchronous=False
         )
+
+    # -- the source: partitions of several topics, as (topic, partition) pairs -----------
+    def topics(self) -> set[str]:
+        return set(self.consumer.list_topics(timeout=10).topics)
+
+    def assign_tps(self, offsets: dict) -> None:
+        from confluent_kafka import TopicPartition
+
+        self.consumer.assign([TopicPartition(t, p, o) for (t, p), o in offsets.items()])
+
+    def poll_tps(self, max_records, timeout_s):
+        msgs = self.consumer.consume(num_messages=max_records, timeout=timeout_s)
+        values, stamps, last = [], [], {}
+        for m in msgs:
+            if m.error():
+                raise RuntimeError(f"Kafka consume error: {m.error()}")
+            values.append(m.value())
+            stamps.append(m.timestamp()[1])
+            last[(m.topic(), m.partition())] = m.offset()
+        self._msgs = msgs
+        return values, stamps, last
+
+    def runs_tps(self) -> list[tuple[tuple[str, int], int]]:
+        runs: list = []
+        for m in self._msgs:
+            tp = (m.topic(), m.partition())
+            if runs and runs[-1][0] == tp:
+                runs[-1][1] += 1
+            else:
+                runs.append([tp, 1])
+        return [(tp, n) for tp, n in runs]
+
+    def positions_tps(self) -> list[tuple[str, int, int]]:
+        return [(m.topic(), m.partition(), m.offset()) for m in self._msgs]
 
     def close(self):
         self.consumer.close()
@@ -351,7 +591,12 @@ class KafkaSink(SinkSpec):
         max_message_bytes: larger records go to the dead-letter output instead of failing
             the producer (Kafka's default limit is 1 MB).
         client: ``kafka-python`` or ``confluent``.
-        options: extra producer options (security, linger, compression), passed through.
+        options: extra producer options (security, linger, compression), passed through;
+            the connection and security ones (``security_*``, ``sasl_*``, ``ssl_*``...) also
+            reach the consumer an exactly-once sink reads its topic back with.
+        transactional_id_prefix: exactly-once: transactional ids are
+            ``{prefix}-{step_id}-{instance}`` (default prefix ``rayflow-{job name}``). Give
+            two deployments of the same flow different prefixes, or they fence each other.
     """
 
     topic: str
@@ -362,15 +607,25 @@ class KafkaSink(SinkSpec):
     max_message_bytes: int = 1_000_000
     client: Client = "kafka-python"
     options: dict = field(default_factory=dict)
+    transactional_id_prefix: str | None = None
 
     def build(self, ctx: StepContext, resume_state: Any = None) -> SinkWriter:
         bootstrap = self.bootstrap or default_bootstrap()
         cls = _ConfluentProducer if self.client == "confluent" else _KPProducer
+        options = _client_options(self.client, self.options)
         if ctx.guarantee == "exactly_once":
-            txn_id = f"rayflow-{ctx.job_name}-{ctx.step_id}-{ctx.instance}"
-            return _TransactionalWriter(self, ctx, cls(bootstrap, self.options, txn_id),
-                                        bootstrap, resume_state)
-        return _KafkaWriter(self, ctx, cls(bootstrap, self.options))
+            prefix = self.transactional_id_prefix or f"rayflow-{ctx.job_name}"
+            txn_id = f"{prefix}-{ctx.step_id}-{ctx.instance}"
+            scan = (_ConfluentConsumer if self.client == "confluent" else _KPConsumer)(
+                bootstrap, None, {**connection_options(options),
+                                  **_READ_COMMITTED[self.client]})
+            return _TransactionalWriter(self, ctx, cls(bootstrap, options, txn_id),
+                                        scan, resume_state)
+        return _KafkaWriter(self, ctx, cls(bootstrap, options))
+
+
+_READ_COMMITTED = {"kafka-python": {"isolation_level": "read_committed"},
+                   "confluent": {"isolation.level": "read_committed"}}
 
 
 def _to_bytes(v: Any) -> bytes:
@@ -420,44 +675,59 @@ class _KafkaWriter(SinkWriter):
         self.p.close()
 
 
-COMMITS_TOPIC = "__rayflow_commits"
+#: The header that names each record of an exactly-once sink: ``writer:epoch:seq``.
+EPOCH_HEADER = "rayflow.epoch"
+
+# Client options about reaching the brokers (security, identity): every client rayflow
+# builds for a step gets them, not only the step's main client. Both spellings: kafka-python
+# (security_protocol) and librdkafka (security.protocol).
+_CONNECTION_PREFIXES = ("security_", "sasl_", "ssl_", "client_id", "api_version",
+                        "socket_", "broker_", "metadata_max_age", "connections_max_idle")
+
+
+def connection_options(options: dict) -> dict:
+    """The subset of a step's client ``options`` that every client of the step needs."""
+    return {k: v for k, v in options.items()
+            if k.replace(".", "_").startswith(_CONNECTION_PREFIXES)}
 
 
 class _TransactionalWriter(_KafkaWriter):
-    """Exactly-once sink: two-phase commit tied to checkpoints.
+    """Exactly-once sink: two-phase commit tied to checkpoints, correct even on brokers
+    whose ``read_committed`` shows aborted data (Tansu, the embedded default).
 
-    Records of each checkpoint epoch are held back; at the barrier (pre-commit) they become
-    part of the checkpoint; when the checkpoint completes they are written in one Kafka
-    transaction together with a marker ``(sink instance -> checkpoint id)`` in
-    ``__rayflow_commits``. After a restore, epochs whose marker is committed are skipped and
-    the others are committed then, so every epoch is committed exactly once. Holding records
-    until commit (instead of writing into an open transaction and aborting on failure) keeps
-    the guarantee on brokers whose ``read_committed`` does not hide aborted data (Tansu).
+    - Records of each checkpoint epoch are held back; at the barrier (pre-commit) they
+      become part of the checkpoint, with a lower bound of the topic's end offsets.
+    - When the checkpoint completes (it is durable by then), they are written in one Kafka
+      transaction, each with a header ``writer:epoch:seq``.
+    - A restored instance first fences its predecessor (``init_transactions`` on the same
+      transactional id), then reads the topic from those offsets with ``read_committed``
+      and writes again only the records of its restored epochs that are not there. On
+      Apache Kafka an interrupted transaction is invisible, so all are written again; on a
+      broker that shows the part that reached it, only the rest is. Either way each record
+      is visible once.
+
+    No commits topic is needed (no topic-create rights, nothing to replicate).
     """
 
-    def __init__(self, spec, ctx, producer, bootstrap: str, resume_state: Any):
+    def __init__(self, spec, ctx, producer, scanner, resume_state: Any):
         super().__init__(spec, ctx, producer)
         if isinstance(resume_state, Rescaled):
             # a rescale resumes from a savepoint: the old instances committed everything at
             # their end of stream, so there is nothing of theirs to commit
             resume_state = None
-        # The marker key names this sink instance *and the run*: a restored instance keeps the
-        # run of its checkpoint (its epochs continue), a fresh job starts a new sequence, so
-        # markers of an earlier job with the same name can never hide new epochs.
+        # The writer id names this sink instance *and the run*: a restored instance keeps the
+        # run of its checkpoint (its epochs continue), a fresh job starts new ones.
         self.run = resume_state["run"] if resume_state else ctx.run_id
-        self.marker = f"{ctx.job_name}/{self.run}/{ctx.step_id}/{ctx.instance}".encode()
+        ident = f"{ctx.job_name}/{self.run}/{ctx.step_id}/{ctx.instance}".encode()
+        self.writer = hashlib.blake2b(ident, digest_size=8).hexdigest()
+        self.scanner = scanner
         self.buffer: list[tuple[list, list | None]] = []
-        self.pending: dict[int, list] = {}
-        self.last_id = 0  # newest epoch id: a final epoch at end of stream gets the next one
-        create_topic(bootstrap, COMMITS_TOPIC, 1)
-        self.p.init_transactions()
-        if resume_state:
-            done = _last_commit(bootstrap, self.marker)
-            pending = resume_state["pending"]
-            self.last_id = max([done, *pending])
-            self.pending = {cid: parts for cid, parts in pending.items() if cid > done}
-            if self.pending:  # epochs of the restored (completed) checkpoint not yet committed
-                self.commit(max(self.pending))
+        self.pending: dict[int, dict] = {}  # epoch -> {"parts": [(values, keys)], "low": ...}
+        self.p.init_transactions()  # fences an older producer of this instance
+        self.low = scanner.end_offsets(spec.topic)  # our next records land at or after this
+        if resume_state and resume_state["pending"]:
+            self.pending = dict(resume_state["pending"])
+            self._recommit()
 
     def write(self, items, event_times, in_time):
         values, keys, dead = self._encode(items, in_time)
@@ -466,59 +736,59 @@ class _TransactionalWriter(_KafkaWriter):
         return dead
 
     def snapshot(self, checkpoint_id):
-        self.last_id = max(self.last_id, checkpoint_id)
-        self.pending[checkpoint_id] = self.buffer
-        self.buffer = []
+        if self.buffer:
+            self.pending[checkpoint_id] = {"parts": self.buffer, "low": dict(self.low)}
+            self.buffer = []
         return {"run": self.run, "pending": dict(self.pending)}
+
+    def uncommitted(self) -> bool:
+        return bool(self.pending or self.buffer)
 
     def commit(self, checkpoint_id):
         ready = sorted(cid for cid in self.pending if cid <= checkpoint_id)
         if not ready:
             return
+        # later epochs land after what is on the topic now (a restore reads from there)
+        self.low = self.scanner.end_offsets(self.spec.topic)
+        self._send(ready, set())
+
+    def _send(self, ready: list[int], skip: set[bytes]) -> None:
         self.p.begin()
+        topic, w = self.spec.topic, self.writer
         for cid in ready:
-            for values, keys in self.pending[cid]:
-                self.p.send_many(self.spec.topic, values, keys)
-        # the data reach the broker before the marker does: if this process dies mid-commit
-        # on a broker that shows aborted transactions (Tansu), a visible marker never stands
-        # for data that were not written
-        self.p.flush()
-        self.p.send_many(COMMITS_TOPIC, [str(ready[-1]).encode()], [self.marker])
-        self.p.commit()
+            seq = 0
+            for values, keys in self.pending[cid]["parts"]:
+                tags = [f"{w}:{cid}:{seq + i}".encode() for i in range(len(values))]
+                seq += len(values)
+                if skip:
+                    keep = [i for i, t in enumerate(tags) if t not in skip]
+                    values = [values[i] for i in keep]
+                    keys = [keys[i] for i in keep] if keys else None
+                    tags = [tags[i] for i in keep]
+                if values:
+                    self.p.send_many(topic, values, keys, [[(EPOCH_HEADER, t)] for t in tags])
+        self.p.commit()  # flushes first
         for cid in ready:
             del self.pending[cid]
 
+    def _recommit(self) -> None:
+        """Commit the restored epochs, skipping records of theirs already visible."""
+        ready = sorted(self.pending)
+        low: dict[int, int] = {}
+        for cid in ready:
+            for p, off in self.pending[cid]["low"].items():
+                low[int(p)] = min(low.get(int(p), off), off)
+        prefix = f"{self.writer}:".encode()
+        seen = {t for t in self.scanner.scan_headers(self.spec.topic, low, EPOCH_HEADER)
+                if t.startswith(prefix)}
+        self._send(ready, seen)
+
     def flush(self):
-        # end of stream: what came after the last checkpoint is committed as a final epoch
-        if self.buffer:
-            self.last_id += 1
-            self.pending[self.last_id] = self.buffer
-            self.buffer = []
-        if self.pending:
-            self.commit(max(self.pending))
+        pass  # nothing becomes visible outside a completed checkpoint
 
-
-def _last_commit(bootstrap: str, marker: bytes) -> int:
-    """The last checkpoint id committed by the sink instance ``marker`` (0 if none)."""
-    from kafka import KafkaConsumer, TopicPartition
-
-    c = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False,
-                      isolation_level="read_committed", auto_offset_reset="earliest")
-    tp = TopicPartition(COMMITS_TOPIC, 0)
-    c.assign([tp])
-    # read at least up to the (reported) end before trusting an empty poll: the first polls
-    # of a new consumer often return nothing while it fetches metadata
-    end = c.end_offsets([tp])[tp]
-    last, idle, deadline = 0, 0, time.monotonic() + 30
-    while time.monotonic() < deadline and (c.position(tp) < end or idle < 2):
-        got = c.poll(300)
-        idle = 0 if got else idle + 1
-        for recs in got.values():
-            for r in recs:
-                if r.key == marker:
-                    last = max(last, int(r.value))
-    c.close()
-    return last
+    def close(self):
+        super().close()
+        self.scanner.close()
 
 
 class _KPProducer:
@@ -530,6 +800,7 @@ class _KPProducer:
         if transactional_id:
             opts.update(transactional_id=transactional_id, acks="all")
         opts.update(options)
+        self.config = opts  # what it was built with
         self.producer = KafkaProducer(**opts)
 
     def init_transactions(self):
@@ -541,9 +812,12 @@ class _KPProducer:
     def commit(self):
         self.producer.commit_transaction()
 
-    def send_many(self, topic, values, keys):
+    def send_many(self, topic, values, keys, headers=None):
         send = self.producer.send
-        if keys is None:
+        if headers is not None:
+            for i, v in enumerate(values):
+                send(topic, v, key=keys[i] if keys else None, headers=headers[i])
+        elif keys is None:
             for v in values:
                 send(topic, v)
         else:
@@ -565,6 +839,7 @@ class _ConfluentProducer:
         if transactional_id:
             conf.update({"transactional.id": transactional_id, "acks": "all"})
         conf.update(options)
+        self.config = conf  # what it was built with
         self.producer = Producer(conf)
 
     def init_transactions(self):
@@ -576,12 +851,15 @@ class _ConfluentProducer:
     def commit(self):
         self.producer.commit_transaction(30)
 
-    def send_many(self, topic, values, keys):
+    def send_many(self, topic, values, keys, headers=None):
         produce, poll = self.producer.produce, self.producer.poll
         for i, v in enumerate(values):
             while True:
                 try:
-                    produce(topic, v, keys[i] if keys else None)
+                    if headers is None:
+                        produce(topic, v, keys[i] if keys else None)
+                    else:
+                        produce(topic, v, keys[i] if keys else None, headers=headers[i])
                     break
                 except BufferError:  # local queue full: let delivery reports drain
                     poll(0.05)
@@ -592,6 +870,16 @@ class _ConfluentProducer:
 
     def close(self):
         self.producer.flush()
+
+
+def _high_watermarks(consumer, topic: str, parts) -> dict[int, int]:
+    """The partitions' high watermarks, also past open transactions (read_uncommitted)."""
+    opts = {k: v for k, v in consumer.options.items() if "isolation" not in k}
+    probe = type(consumer)(consumer.bootstrap, None, opts)
+    try:
+        return probe.watermarks(topic, sorted(parts))[1]
+    finally:
+        probe.close()
 
 
 # -- admin helpers for jobs, tests and benchmarks --------------------------------------------

@@ -15,8 +15,8 @@ Two layers:
 2. rayflow's rules (:func:`rayflow_rules`): every worker node type declares the CPUs that a
    gang rank asks for (``hpc.rank_num_cpus``), so the autoscaler can plan a gang; there is an
    explicit idle timeout, so a cluster shrinks after a job; min/max workers are consistent;
-   cloud and on-prem nodes install rayflow in their setup commands; and Ray's token
-   authentication is not turned off.
+   cloud and on-prem nodes install rayflow in their setup commands (or run a container
+   image, which must contain it); and Ray's token authentication is not turned off.
 
 Every error names the path to the bad key (``available_node_types.cpu_worker.resources``)
 and, when known, its line in the file.
@@ -32,6 +32,7 @@ from typing import Any
 
 import yaml
 
+from rayflow.config import yaml_key_line
 from rayflow.errors import ConfigError
 
 # Ray versions whose private validators (prepare_config / validate_config) rayflow was run
@@ -229,10 +230,21 @@ def rayflow_rules(config: dict[str, Any], rank_num_cpus: float = 1.0
                               "provider.head_ip and provider.worker_ips, not node types"))
 
     setup = _setup_text(config)
+    images = _docker_images(config)
     if ptype not in ("fake_multinode", "fake_multinode_docker", "kuberay", "spark"):
-        if "rayflow" not in setup:
+        if "rayflow" not in setup and images:
+            # a container cluster whose image has rayflow baked in needs no setup command;
+            # an image whose name does not say so gets a reminder
+            for where, image in images:
+                if "rayflow" not in image:
+                    warnings.append(Finding(where, f"no setup command installs rayflow, so "
+                                            f"the image {image!r} must contain it"))
+        elif "rayflow" not in setup:
             errors.append(Finding("setup_commands", "no setup command installs rayflow: jobs "
-                                  "import it on every node (e.g. pip install rayflow==X)"))
+                                  "import it on every node. Build its wheel in the checkout "
+                                  "(pip wheel --no-deps -w dist .), mount it with "
+                                  "file_mounts and pip install the mounted file (as "
+                                  "cluster/aws.yaml does), or use an image that has it"))
         elif "ray" in setup and not re.search(r"ray\[[^\]]*\]\s*==|ray==", setup):
             warnings.append(Finding("setup_commands", "Ray is not pinned: the head, workers "
                                     "and your laptop should run the same Ray version"))
@@ -246,6 +258,22 @@ def rayflow_rules(config: dict[str, Any], rank_num_cpus: float = 1.0
 
 def _setup_text(config: dict[str, Any]) -> str:
     return " ".join(str(c) for k in _SETUP_KEYS for c in (config.get(k) or []))
+
+
+def _docker_images(config: dict[str, Any]) -> list[tuple[str, str]]:
+    """(dotted path, image) of every container image the spec names: the cluster's
+    ``docker`` section and each node type's."""
+    keys = ("image", "head_image", "worker_image")
+    found = []
+    docker = config.get("docker")
+    if isinstance(docker, dict):
+        found += [(f"docker.{k}", str(docker[k])) for k in keys if docker.get(k)]
+    for tname, t in (config.get("available_node_types") or {}).items():
+        d = t.get("docker") if isinstance(t, dict) else None
+        if isinstance(d, dict):
+            found += [(f"available_node_types.{tname}.docker.{k}", str(d[k]))
+                      for k in keys if d.get(k)]
+    return found
 
 
 # -- Ray's checks (a private API, wrapped here) ---------------------------------------------
@@ -270,10 +298,17 @@ def _ray_version_note() -> tuple[str, str]:
 
 def _ray_validate(config: dict[str, Any], fail) -> dict[str, Any]:
     """Ray's prepare + validate; errors become ClusterSpecError with the key path."""
+    import logging
+
     import jsonschema
 
     prepare, validate = _ray_validators()
     config = copy.deepcopy(config)
+    # Ray's validators log defaults they fill in ("setting max workers for head node type
+    # to 0") at INFO: not a finding, and it broke the one-line error output
+    ray_log = logging.getLogger("ray.autoscaler._private.util")
+    old_level = ray_log.level
+    ray_log.setLevel(logging.WARNING)
     try:
         # the autoscaler reads a fake multi-node spec as it is (no defaults): validate it so
         prepared = config if config["provider"]["type"] == "fake_multinode" else prepare(config)
@@ -287,6 +322,8 @@ def _ray_validate(config: dict[str, Any], fail) -> dict[str, Any]:
         raise fail(_guess_path(msg), f"rejected by Ray: {msg}") from None
     except Exception as exc:  # noqa: BLE001 - click.Abort etc. from Ray's CLI logger
         raise fail("provider", f"rejected by Ray: {type(exc).__name__}: {exc}") from None
+    finally:
+        ray_log.setLevel(old_level)
     return prepared
 
 
@@ -327,19 +364,4 @@ def _line_index(text: str) -> Any:
 
 def _line_of(root: Any, dotted: str) -> int | None:
     """Line (1-based) of the key at ``dotted`` in the composed YAML, or its nearest parent."""
-    node, line = root, None
-    for part in [p for p in dotted.split(".") if p]:
-        if isinstance(node, yaml.MappingNode):
-            for k, v in node.value:
-                if k.value == part:
-                    node, line = v, k.start_mark.line + 1
-                    break
-            else:
-                return line
-        elif isinstance(node, yaml.SequenceNode) and part.isdigit() and int(part) < len(
-                node.value):
-            node = node.value[int(part)]
-            line = node.start_mark.line + 1
-        else:
-            return line
-    return line
+    return yaml_key_line(root, dotted)

@@ -22,6 +22,8 @@ _EXPORTS = {
     "cannon_matmul": "rayflow.hpc.cannon",
     "cg_solve": "rayflow.hpc.cg",
     "CGResult": "rayflow.hpc.cg",
+    "ConvergenceWarning": "rayflow.hpc.cg",
+    "PROC_NULL": "rayflow.hpc.comm",
     "shuffle_matmul": "rayflow.hpc.baselines",
     "broadcast_cg": "rayflow.hpc.baselines",
     "register_ray_backend": "rayflow.hpc.ray_collective",

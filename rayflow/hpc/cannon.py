@@ -45,10 +45,9 @@ def cannon_rank(comm, a: np.ndarray, b: np.ndarray) -> np.ndarray:
     so that the transfer overlaps it, and the GEMM accumulates into ``C`` in place.
     """
     p = grid_side(comm.size)
-    cart = comm.create_cart((p, p))
-    i, j = cart.coords
-    left, right = cart.get_cart_rank((i, j - 1)), cart.get_cart_rank((i, j + 1))
-    up, down = cart.get_cart_rank((i - 1, j)), cart.get_cart_rank((i + 1, j))
+    cart = comm.create_cart((p, p), periods=(True, True))  # the shifts wrap around
+    right, left = cart.shift(1, -1)  # A moves left: it goes to ``left``, comes from ``right``
+    down, up = cart.shift(0, -1)  # B moves up
     c = np.zeros((a.shape[0], b.shape[1]), dtype=np.result_type(a.dtype, b.dtype))
     for t in range(p):
         last = t == p - 1
@@ -63,14 +62,30 @@ def cannon_rank(comm, a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return c
 
 
+def _as_matrix(x: Any, what: str) -> np.ndarray:
+    """``x`` as a 2-D numpy array, or a ValueError naming its shape."""
+    if hasattr(x, "tocsr"):
+        raise ValueError(f"{what} is a scipy.sparse matrix; Cannon multiplies dense blocks "
+                         "(pass .toarray())")
+    try:
+        arr = np.asarray(x)
+    except ValueError as err:  # ragged lists
+        raise ValueError(f"{what} is not a matrix: {err}") from None
+    if arr.ndim != 2:
+        raise ValueError(f"{what} must be a 2-D matrix, got shape {arr.shape}")
+    if arr.dtype.kind not in "biufc":
+        raise ValueError(f"{what} must hold numbers, got dtype {arr.dtype}")
+    return arr
+
+
 def _as_grid(x: Any, p: int, what: str) -> BlockDataset:
     if isinstance(x, BlockDataset):
         if x.grid != (p, p):
             raise ValueError(f"{what} has a {x.grid} block grid; Cannon needs ({p}, {p})")
+        if x.row_sizes is not None and x.col_sizes is None:
+            raise ValueError(f"{what} is a vector dataset of shape {x.shape}; Cannon needs a "
+                             "matrix")
         return x
-    x = np.asarray(x)
-    if x.ndim != 2:
-        raise ValueError(f"{what} must be a matrix, got shape {x.shape}")
     return BlockDataset.from_numpy(x, (p, p))
 
 
@@ -106,9 +121,14 @@ def cannon_matmul(
         p = 1
     if p < 1:
         raise ValueError(f"grid side must be positive, got {p}")
-    if not isinstance(a, BlockDataset) and not isinstance(b, BlockDataset):
-        if np.shape(a)[1] != np.shape(b)[0]:
-            raise ValueError(f"shapes {np.shape(a)} and {np.shape(b)} do not multiply")
+    if not isinstance(a, BlockDataset):
+        a = _as_matrix(a, "A")
+    if not isinstance(b, BlockDataset):
+        b = _as_matrix(b, "B")
+    shape_a, shape_b = a.shape, b.shape  # None for a dataset of unknown block sizes
+    if shape_a is not None and shape_b is not None and len(shape_a) == len(shape_b) == 2 \
+            and shape_a[1] != shape_b[0]:
+        raise ValueError(f"shapes {shape_a} and {shape_b} do not multiply")
     A, B = _as_grid(a, p, "A"), _as_grid(b, p, "B")
     if A.col_sizes is not None and B.row_sizes is not None and A.col_sizes != B.row_sizes:
         raise ValueError(f"A's column blocks {A.col_sizes} differ from B's row blocks {B.row_sizes}")

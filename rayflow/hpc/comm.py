@@ -4,21 +4,24 @@ Usage: ``total = comm.allreduce(local_sum, op="sum")`` inside ``fn(comm, *blocks
 
 The API follows mpi4py's lowercase, object-based methods (``send``, ``recv``, ``sendrecv``,
 ``bcast``, ``reduce``, ``allreduce``, ``allgather``, ``reduce_scatter``, ``barrier``) plus
-``sendrecv_replace`` and a periodic Cartesian topology (:class:`CartComm`) with ``shift`` and
-row/column sub-communicators.
+``sendrecv_replace``, MPI's ``PROC_NULL`` (:data:`PROC_NULL`) and a Cartesian topology
+(:class:`CartComm`, non-periodic unless asked, as in MPI) with ``shift`` and row/column
+sub-communicators.
 
 Collectives are written once here, over two point-to-point primitives of a *transport*
 (``send(dest, key, obj)``, non-blocking and buffered, and ``recv(src, key)``). A backend may
 also offer native collectives for the world group (gloo does); sub-communicators always use
-the point-to-point algorithms, since gloo supports a single world per process and its
-subgroups gave wrong sums (RAY_NOTES). The algorithms are "direct": every rank sends to its
+the point-to-point algorithms, since gloo supports a single world per process (subgroups
+of a world of 4 gave wrong sums). The algorithms are "direct": every rank sends to its
 peers at once, so a collective costs one message latency (two for large allreduces), which
 suits Ray's asynchronous actor calls better than a ring of ``p - 1`` sequential hops.
 
 Messages are matched by key ``(kind, context, tag, sequence)``: the sequence number counts
 earlier messages between the same pair and tag on each side, so the match never depends on
 arrival order. Results of reductions combine contributions in rank order, so every rank gets
-bit-identical values (CG relies on this to take identical branches everywhere).
+bit-identical values (CG relies on this to take identical branches everywhere). Reductions
+follow mpi4py: numpy arrays and scalars combine with numpy's ufuncs, Python objects with
+Python's operators (exact integers, Fractions, Decimals).
 
 Arrays received may be read-only views of Ray's object store: copy before mutating.
 No Ray is imported by this module.
@@ -27,6 +30,7 @@ No Ray is imported by this module.
 from __future__ import annotations
 
 import itertools
+import operator
 from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any, Protocol
@@ -92,17 +96,80 @@ class Request:
         self._works = []
 
 
-def _reduce_values(values: list[Any], op: str) -> Any:
-    try:
+def _py_min(x: Any, y: Any) -> Any:
+    return y if y < x else x
+
+
+def _py_max(x: Any, y: Any) -> Any:
+    return y if y > x else x
+
+
+#: The same operators for Python objects (ints, floats, Fractions, Decimals, ...), as mpi4py
+#: applies them: ``+``, ``*`` and comparisons, so integers stay exact at any size.
+PY_OPS = {"sum": operator.add, "prod": operator.mul, "min": _py_min, "max": _py_max}
+
+#: Rank number of a missing neighbour (MPI's ``PROC_NULL``): a send to it does nothing and a
+#: receive from it returns ``None`` at once. ``CartComm.shift`` returns it at the edges of a
+#: non-periodic grid.
+PROC_NULL = -2
+
+
+def check_op(op: str) -> None:
+    """Raise ``ValueError`` unless ``op`` names a reduction operator."""
+    if op not in REDUCE_OPS:
+        raise ValueError(f"unknown reduce op {op!r}; use one of {sorted(REDUCE_OPS)}")
+
+
+def _describe(v: Any) -> str:
+    if isinstance(v, np.ndarray):
+        return f"an array of {v.dtype} {v.shape}"
+    if isinstance(v, np.generic):
+        return f"a numpy {v.dtype} scalar"
+    return f"a Python {type(v).__name__}"
+
+
+def reduce_values(values: Sequence[Any], op: str, what: str = "reduce") -> Any:
+    """Combine one value per rank in rank order with ``op``, as every backend must.
+
+    numpy arrays combine elementwise with the ufunc (:data:`REDUCE_OPS`) and must have the
+    same shape and dtype on every rank (MPI's matching counts and types); numpy scalars
+    combine with the ufunc as well. Anything else combines with Python's operators
+    (:data:`PY_OPS`), so Python ints never overflow and Fractions stay exact.
+
+    Raises:
+        ValueError: arrays of different shapes or dtypes, or an array on some ranks only.
+    """
+    check_op(op)
+    values = list(values)
+    arrays = [isinstance(v, np.ndarray) for v in values]
+    if any(arrays):
+        first = values[arrays.index(True)]
+        if not all(arrays) or any(v.shape != first.shape or v.dtype != first.dtype for v in values):
+            parts = ", ".join(f"rank {r}: {_describe(v)}" for r, v in enumerate(values))
+            raise ValueError(
+                f"{what}: every rank must pass an array of the same shape and dtype; got {parts}"
+            )
+    if any(arrays) or any(isinstance(v, np.generic) for v in values):
         fn = REDUCE_OPS[op]
-    except KeyError:
-        raise ValueError(f"unknown reduce op {op!r}; use one of {sorted(REDUCE_OPS)}") from None
+    else:
+        fn = PY_OPS[op]
     acc = values[0]
     for v in values[1:]:
         acc = fn(acc, v)
-    if isinstance(acc, np.ndarray) and acc is values[0]:
-        acc = acc.copy()  # never hand back the caller's (or a read-only) buffer
+    if any(arrays):
+        acc = np.asarray(acc)  # a 0-d array stays an array (ufuncs return scalars for 0-d)
+        if acc is values[0]:
+            acc = acc.copy()  # never hand back the caller's (or a read-only) buffer
     return acc
+
+
+class _Failed:
+    """Sent in place of a result when the rank that computed it raised: every rank re-raises."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: BaseException):
+        self.error = error
 
 
 class Communicator:
@@ -148,9 +215,16 @@ class Communicator:
         """The world rank of group rank ``rank``."""
         return self._members[rank]
 
-    def _check_rank(self, r: int, what: str) -> None:
+    def _check_rank(self, r: Any, what: str, proc_null: bool = False) -> None:
+        if isinstance(r, bool) or not isinstance(r, (int, np.integer)):
+            raise TypeError(f"{what} rank must be an int, got {r!r}")
+        if proc_null and r == PROC_NULL:
+            return
         if not 0 <= r < self.size:
-            raise ValueError(f"{what} rank {r} out of range for a group of size {self.size}")
+            hint = " (PROC_NULL for no neighbour)" if proc_null else ""
+            raise ValueError(
+                f"{what} rank {r} out of range for a group of size {self.size}{hint}"
+            )
 
     def _ckey(self, phase: str = "") -> tuple:
         return ("c", self._ctx, next(self._coll_seq), phase)
@@ -163,8 +237,13 @@ class Communicator:
 
     # ---------------------------------------------------------- point-to-point
     def send(self, obj: Any, dest: int, tag: int = 0) -> None:
-        """Send ``obj`` to ``dest``; buffered, so it returns before the receiver reads it."""
-        self._check_rank(dest, "destination")
+        """Send ``obj`` to ``dest``; buffered, so it returns before the receiver reads it.
+
+        A send to :data:`PROC_NULL` does nothing.
+        """
+        self._check_rank(dest, "destination", proc_null=True)
+        if dest == PROC_NULL:
+            return
         seq = next(self._send_seq[(dest, tag)])
         self._send_to(dest, ("p", self._ctx, tag, seq), obj)
 
@@ -174,9 +253,12 @@ class Communicator:
         ``obj`` must stay unchanged until the returned request's ``wait()``: the gloo backend
         sends straight from its buffer, where :meth:`send` copies it first. The Ray backend
         serialises at once (into the object store for large arrays), so its requests are
-        complete on return. Messages match :meth:`recv` exactly like :meth:`send`'s.
+        complete on return. Messages match :meth:`recv` exactly like :meth:`send`'s. A send
+        to :data:`PROC_NULL` returns a completed request.
         """
-        self._check_rank(dest, "destination")
+        self._check_rank(dest, "destination", proc_null=True)
+        if dest == PROC_NULL:
+            return Request()
         seq = next(self._send_seq[(dest, tag)])
         key = ("p", self._ctx, tag, seq)
         isend = getattr(self._t, "isend", None)
@@ -186,8 +268,13 @@ class Communicator:
         return isend(self._members[dest], key, obj)
 
     def recv(self, source: int, tag: int = 0) -> Any:
-        """Receive the next object sent by ``source`` with ``tag``."""
-        self._check_rank(source, "source")
+        """Receive the next object sent by ``source`` with ``tag``.
+
+        A receive from :data:`PROC_NULL` returns ``None`` at once.
+        """
+        self._check_rank(source, "source", proc_null=True)
+        if source == PROC_NULL:
+            return None
         seq = next(self._recv_seq[(source, tag)])
         return self._recv_from(source, ("p", self._ctx, tag, seq))
 
@@ -195,7 +282,11 @@ class Communicator:
         self, sendobj: Any, dest: int, source: int | None = None, sendtag: int = 0,
         recvtag: int | None = None,
     ) -> Any:
-        """Send to ``dest`` and receive from ``source`` (default: ``dest``) without deadlock."""
+        """Send to ``dest`` and receive from ``source`` (default: ``dest``) without deadlock.
+
+        Either side may be :data:`PROC_NULL` (the edge of a non-periodic grid): that half is
+        skipped, and a receive from it returns ``None``.
+        """
         self.send(sendobj, dest, sendtag)
         return self.recv(dest if source is None else source, sendtag if recvtag is None else recvtag)
 
@@ -205,9 +296,15 @@ class Communicator:
     ) -> np.ndarray:
         """Send ``buf`` to ``dest`` and overwrite it with the array received from ``source``.
 
-        The received array must have ``buf``'s shape; ``buf`` must be writable.
+        The received array must have ``buf``'s shape; ``buf`` must be writable. A receive from
+        :data:`PROC_NULL` leaves ``buf`` unchanged, as in MPI.
         """
+        if not isinstance(buf, np.ndarray):
+            raise TypeError(f"sendrecv_replace needs a numpy array buffer, got {type(buf).__name__}")
+        src = dest if source is None else source
         got = self.sendrecv(buf, dest, source, sendtag, recvtag)
+        if src == PROC_NULL:
+            return buf
         got = np.asarray(got)
         if got.shape != buf.shape:
             raise ValueError(f"sendrecv_replace: received shape {got.shape}, buffer {buf.shape}")
@@ -278,16 +375,30 @@ class Communicator:
         return [objs[r] if r == self.rank else self._recv_from(r, key) for r in range(self.size)]
 
     def reduce(self, obj: Any, op: str = "sum", root: int = 0) -> Any:
-        """Combine every rank's ``obj`` elementwise with ``op``; the result on ``root`` only."""
+        """Combine every rank's ``obj`` with ``op``; the result on ``root`` only.
+
+        numpy arrays combine elementwise (same shape and dtype on every rank), other objects
+        with Python's operators, in rank order (see :func:`reduce_values`).
+        """
+        check_op(op)
         vals = self.gather(obj, root)
-        return None if vals is None else _reduce_values(vals, op)
+        return None if vals is None else reduce_values(vals, op, "reduce")
 
     def allreduce(self, obj: Any, op: str = "sum") -> Any:
-        """Combine every rank's ``obj`` (scalar or array) with ``op``; the result everywhere."""
-        if op not in REDUCE_OPS:
-            raise ValueError(f"unknown reduce op {op!r}; use one of {sorted(REDUCE_OPS)}")
+        """Combine every rank's ``obj`` with ``op``; the result everywhere.
+
+        numpy arrays and scalars combine as numpy does (an array must have the same shape and
+        dtype on every rank, else every rank raises ``ValueError``); Python objects combine
+        with Python's operators as mpi4py does, so ``allreduce(2**62)`` on 4 ranks is
+        ``2**64`` and a ``Fraction`` stays a ``Fraction``.
+        """
+        check_op(op)
         if self._native is not None:
             return self._native.allreduce(obj, op)
+        # Both algorithms below send their first messages under the same key, so ranks that
+        # took different ones (only possible when their arrays differ) meet a shape mismatch
+        # and raise instead of waiting for messages that never come.
+        key = self._ckey("allreduce")
         if (
             isinstance(obj, np.ndarray)
             and obj.nbytes > _LARGE_ALLREDUCE_BYTES
@@ -295,13 +406,30 @@ class Communicator:
             and obj.ndim >= 1
             and obj.shape[0] >= self.size
         ):
-            piece = self.reduce_scatter(obj, op)
+            piece = self._reduce_scatter(obj, op, split_sizes(obj.shape[0], self.size), key)
             return np.concatenate(self.allgather(piece), axis=0)
         if self.size <= _DIRECT_ALLREDUCE_MAX_RANKS:
-            return _reduce_values(self.allgather(obj), op)
+            others = [r for r in range(self.size) if r != self.rank]
+            if others:
+                self._t.send_many([self._members[r] for r in others], key, obj)
+            vals = [obj if r == self.rank else self._recv_from(r, key) for r in range(self.size)]
+            return reduce_values(vals, op, "allreduce")
         # Reduce at rank 0, then broadcast: 2(p-1) messages in two hops instead of p(p-1) in
         # one; on few cores the message count, not the hop count, sets the time.
-        return self.bcast(self.reduce(obj, op, 0), 0)
+        if self.rank != 0:
+            self._send_to(0, key, obj)
+            result = self.bcast(None, 0)
+        else:
+            vals = [obj] + [self._recv_from(r, key) for r in range(1, self.size)]
+            try:
+                result = reduce_values(vals, op, "allreduce")
+            except Exception as err:  # noqa: BLE001 - every rank raises it, not rank 0 alone
+                self.bcast(_Failed(err), 0)
+                raise
+            self.bcast(result, 0)
+        if isinstance(result, _Failed):
+            raise result.error
+        return result
 
     def reduce_scatter(
         self, array: np.ndarray, op: str = "sum", counts: Sequence[int] | None = None
@@ -311,20 +439,25 @@ class Communicator:
         The array is split along axis 0 into ``counts`` rows per rank (default: near-equal
         pieces, larger first).
         """
+        check_op(op)
         array = np.asarray(array)
+        if array.ndim == 0:
+            raise ValueError("reduce_scatter needs an array with at least one axis, got a scalar")
         counts = list(counts) if counts is not None else split_sizes(array.shape[0], self.size)
         if len(counts) != self.size or sum(counts) != array.shape[0]:
             raise ValueError(f"counts {counts} do not split {array.shape[0]} rows over {self.size}")
         if self._native is not None:
             return self._native.reduce_scatter(array, op, counts)
-        key = self._ckey("reduce_scatter")
+        return self._reduce_scatter(array, op, counts, self._ckey("reduce_scatter"))
+
+    def _reduce_scatter(self, array: np.ndarray, op: str, counts: Sequence[int], key: tuple):
         bounds = np.cumsum([0, *counts])
         for r in range(self.size):
             if r != self.rank:
                 self._send_to(r, key, array[bounds[r] : bounds[r + 1]])
         mine = array[bounds[self.rank] : bounds[self.rank + 1]]
         vals = [mine if r == self.rank else self._recv_from(r, key) for r in range(self.size)]
-        return _reduce_values(vals, op)
+        return reduce_values(vals, op, "reduce_scatter")
 
     # ---------------------------------------------------------------- topology
     def split(self, color: int, key: int = 0) -> Communicator:
@@ -342,13 +475,23 @@ class Communicator:
     ) -> CartComm:
         """A Cartesian view of this group, ranks laid out row-major (MPI_Cart_create).
 
+        Args:
+            dims: the grid shape; its product must be the group size.
+            periods: whether each dimension wraps around; by default none does, as in MPI
+                (``shift`` then returns :data:`PROC_NULL` at the edges).
+
         Raises:
-            ValueError: ``prod(dims)`` differs from the group size.
+            ValueError: ``prod(dims)`` differs from the group size, or ``periods`` has another
+                length than ``dims``.
         """
         dims = tuple(int(d) for d in dims)
+        if not dims or any(d < 1 for d in dims):
+            raise ValueError(f"cartesian dims must be positive, got {dims}")
         if int(np.prod(dims)) != self.size:
             raise ValueError(f"cartesian dims {dims} need {int(np.prod(dims))} ranks, group has {self.size}")
-        periods = tuple(bool(p) for p in (periods if periods is not None else [True] * len(dims)))
+        periods = tuple(bool(p) for p in (periods if periods is not None else [False] * len(dims)))
+        if len(periods) != len(dims):
+            raise ValueError(f"periods {periods} must have one entry per dimension of {dims}")
         seq = next(self._split_seq)
         return CartComm(self._t, self._members, (self._ctx, "cart", seq, dims), dims, periods,
                         native=self._native, attempt=self.attempt)
@@ -375,6 +518,8 @@ class CartComm(Communicator):
 
     def get_cart_rank(self, coords: Sequence[int]) -> int:
         """The rank at ``coords``; periodic dimensions wrap, others raise when out of range."""
+        if len(coords) != len(self.dims):
+            raise ValueError(f"coordinates {tuple(coords)} do not match a {len(self.dims)}-D grid")
         wrapped = []
         for c, d, per in zip(coords, self.dims, self.periods):
             if per:
@@ -384,35 +529,42 @@ class CartComm(Communicator):
             wrapped.append(c)
         return int(np.ravel_multi_index(wrapped, self.dims))
 
-    def shift(self, direction: int, disp: int = 1) -> tuple[int | None, int | None]:
+    def shift(self, direction: int, disp: int = 1) -> tuple[int, int]:
         """``(source, dest)`` ranks for a shift by ``disp`` along ``direction`` (MPI_Cart_shift).
 
-        Data sent to ``dest`` moves ``+disp`` along the axis; ``None`` marks a missing
-        neighbour of a non-periodic grid.
+        Data sent to ``dest`` moves ``+disp`` along the axis. At the edges of a non-periodic
+        dimension the missing neighbour is :data:`PROC_NULL`, so the MPI idiom
+        ``cart.sendrecv(x, dest=dest, source=source)`` works on every rank: the edge ranks
+        skip the send, or receive ``None``.
         """
-        def neighbour(step: int) -> int | None:
+        if not 0 <= direction < len(self.dims):
+            raise ValueError(f"direction {direction} out of range for a {len(self.dims)}-D grid")
+
+        def neighbour(step: int) -> int:
             c = list(self.coords)
             c[direction] += step
-            try:
-                return self.get_cart_rank(c)
-            except ValueError:
-                return None
+            if not self.periods[direction] and not 0 <= c[direction] < self.dims[direction]:
+                return PROC_NULL
+            return self.get_cart_rank(c)
 
         return neighbour(-disp), neighbour(disp)
 
     def shift_replace(self, buf: np.ndarray, direction: int, disp: int = 1) -> np.ndarray:
-        """Move ``buf`` by ``disp`` along ``direction`` in place (periodic grids)."""
+        """Move ``buf`` by ``disp`` along ``direction`` in place.
+
+        On a non-periodic dimension the ranks at the far edge keep their ``buf`` (nothing
+        arrives from :data:`PROC_NULL`), as ``MPI_Sendrecv_replace`` does.
+        """
         source, dest = self.shift(direction, disp)
-        if source is None or dest is None:
-            raise ValueError("shift_replace needs a periodic dimension")
         return self.sendrecv_replace(buf, dest, source)
 
     def shift_obj(self, obj: Any, direction: int, disp: int = 1) -> Any:
-        """Send ``obj`` ``disp`` steps along ``direction``; return what arrives from the other side."""
+        """Send ``obj`` ``disp`` steps along ``direction``; return what arrives from the other side.
+
+        ``None`` arrives at the edge of a non-periodic dimension.
+        """
         source, dest = self.shift(direction, disp)
-        if source is None or dest is None:
-            raise ValueError("shift_obj needs a periodic dimension")
-        if source == self.rank:
+        if source == self.rank == dest:
             return obj
         return self.sendrecv(obj, dest, source)
 

@@ -22,9 +22,39 @@ from rayflow.hpc.cannon_index import offsets, split_sizes
 
 
 def _ray():
-    import ray
+    """Ray, started (the embedded local instance) if nothing started it yet."""
+    from rayflow._raycontext import ensure_ray_default
 
-    return ray
+    return ensure_ray_default()
+
+
+def _grid(grid: Any, what: str = "grid") -> tuple[int, int]:
+    """``p`` or ``(rows, cols)`` as a pair of positive ints, or a ValueError naming it."""
+    pair = (grid, 1) if isinstance(grid, (int, np.integer)) else tuple(grid) if isinstance(
+        grid, (tuple, list)) else None
+    if (pair is None or len(pair) != 2
+            or not all(isinstance(g, (int, np.integer)) and not isinstance(g, bool) and g >= 1
+                       for g in pair)):
+        raise ValueError(f"{what} must be p or (rows, cols) of positive ints, got {grid!r}")
+    return int(pair[0]), int(pair[1])
+
+
+def _as_block_source(array: Any) -> Any:
+    """``array`` as a 1-D or 2-D numpy array or a CSR matrix (any scipy.sparse format)."""
+    if hasattr(array, "tocsr"):  # scipy.sparse: COO and DIA cannot be sliced, CSR can
+        if getattr(array, "ndim", 2) != 2:
+            return np.asarray(array.toarray())
+        return array.tocsr()
+    try:
+        arr = np.asarray(array)
+    except ValueError as err:  # ragged nested lists
+        raise ValueError(f"BlockDataset.from_numpy: input is not an array: {err}") from None
+    if arr.ndim not in (1, 2):
+        raise ValueError(
+            "BlockDataset.from_numpy takes a 1-D or 2-D array or a scipy.sparse matrix, "
+            f"got shape {arr.shape}"
+        )
+    return arr
 
 
 def _make_block(fn, i, j, r0, r1, c0, c1, dtype):
@@ -70,14 +100,21 @@ class BlockDataset:
         """Split ``array`` (1-D, 2-D or scipy.sparse) into a grid and put the blocks.
 
         Args:
-            array: the data. A 1-D array is split in ``grid`` pieces (a ``(p, 1)`` grid).
+            array: the data: a numpy array (or nested lists), 1-D or 2-D, or a scipy.sparse
+                matrix of any format (stored as CSR blocks). A 1-D array is split in ``grid``
+                pieces (a ``(p, 1)`` grid).
             grid: ``p`` or ``(rows, cols)``; for 1-D data an int.
+
+        Raises:
+            ValueError: the input is not 1-D or 2-D, or the grid does not fit it.
         """
-        ray = _ray()
-        ndim = 1 if getattr(array, "ndim", 2) == 1 else 2
-        gr, gc = (grid, 1) if isinstance(grid, int) else tuple(grid)
+        array = _as_block_source(array)
+        gr, gc = _grid(grid)
+        ndim = array.ndim
         if ndim == 1 and gc != 1:
-            raise ValueError("a 1-D array splits into a (p, 1) grid")
+            raise ValueError(f"a 1-D array (shape {array.shape}) splits into a (p, 1) grid, "
+                             f"not {tuple(grid)}")
+        ray = _ray()
         rs = split_sizes(array.shape[0], gr)
         ro = offsets(rs)
         if ndim == 1:
@@ -89,7 +126,7 @@ class BlockDataset:
         for i in range(gr):
             for j in range(gc):
                 blk = array[ro[i] : ro[i + 1], co[j] : co[j + 1]]
-                refs.append(ray.put(blk.tocsr() if hasattr(blk, "tocsr") else np.ascontiguousarray(blk)))
+                refs.append(ray.put(blk if hasattr(blk, "tocsr") else np.ascontiguousarray(blk)))
         return cls(tuple(refs), (gr, gc), tuple(rs), tuple(cs))
 
     @classmethod
@@ -110,7 +147,13 @@ class BlockDataset:
             grid: ``p`` or ``(rows, cols)``.
             dtype: cast blocks to this dtype (``None`` keeps what ``fn`` returns).
         """
-        gr, gc = (grid, 1) if isinstance(grid, int) else tuple(grid)
+        gr, gc = _grid(grid)
+        shape = tuple(shape)
+        if len(shape) not in (1, 2) or not all(
+                isinstance(d, (int, np.integer)) and d >= 0 for d in shape):
+            raise ValueError(f"shape must be (n,) or (m, n) of non-negative ints, got {shape!r}")
+        if len(shape) == 1 and gc != 1:
+            raise ValueError(f"a vector of shape {shape} splits into a (p, 1) grid, not {grid!r}")
         rs = split_sizes(shape[0], gr)
         ro = offsets(rs)
         cs = split_sizes(shape[1], gc) if len(shape) == 2 else [1]

@@ -3,13 +3,23 @@
 Usage: ``with Gang(4, strategy="SPREAD") as g: out = mpimap(fn, ds, gang=g)``
 
 A gang that cannot be placed never fails by itself in Ray: its placement group stays pending
-forever (RAY_NOTES). :meth:`Gang.start` therefore waits at most ``gang_timeout_s``, then
-removes the group and raises :class:`~rayflow.errors.GangSchedulingError` naming the bundles
-it asked for and what the cluster had free.
+forever. :meth:`Gang.start` therefore waits at most ``gang_timeout_s``, then removes the group
+and raises :class:`~rayflow.errors.GangSchedulingError` naming the bundles it asked for and
+what the cluster had free.
+
+On the embedded local Ray (started by :func:`rayflow.init` or by the first stage), nothing
+will ever be added, so a gang is sized to it: with the default ``rank_num_cpus`` a gang of
+more ranks than the instance has CPUs gives each rank ``CPUs / ranks`` (the ranks then share
+cores, as MPI ranks oversubscribing a laptop do), and a gang that can never fit (an explicit
+``rank_num_cpus`` too large, STRICT_SPREAD over one node) fails at once instead of after the
+timeout. On a cluster given by address the request is taken as it is: an autoscaler may
+still add the nodes it needs.
 """
 
 from __future__ import annotations
 
+import logging
+import math
 import resource
 import time
 import uuid
@@ -23,12 +33,38 @@ from rayflow.config import HpcOptions, load_config
 from rayflow.errors import GangSchedulingError
 from rayflow.hpc.comm import Communicator
 from rayflow.hpc.ray_backend import (
+    DirectTransport,
     MailboxHost,
-    RayTransport,
     create_rendezvous,
     join_group,
     set_local_host,
 )
+
+_log = logging.getLogger(__name__)
+
+# Ray accounts fractional resources in steps of 1e-4 CPU: a fitted share is rounded down to
+# one, so that ``size`` shares never add up to more than the instance has.
+_CPU_STEPS_PER_CPU = 10_000
+_CPU_STEP = 1 / _CPU_STEPS_PER_CPU
+
+
+def fit_rank_cpus(size: int, requested: float, total_cpus: float, explicit: bool) -> float:
+    """CPUs per rank for a gang of ``size`` on a Ray with ``total_cpus`` that will not grow.
+
+    A default request (not ``explicit``) that does not fit is lowered to an equal share of
+    ``total_cpus``; an explicit one is kept (the caller then decides it cannot fit).
+
+    >>> fit_rank_cpus(4, 1.0, 2.0, explicit=False)
+    0.5
+    >>> fit_rank_cpus(3, 1.0, 2.0, explicit=False)
+    0.6666
+    >>> fit_rank_cpus(4, 1.0, 2.0, explicit=True), fit_rank_cpus(2, 1.0, 2.0, explicit=False)
+    (1.0, 1.0)
+    """
+    if explicit or total_cpus <= 0 or size * requested <= total_cpus:
+        return requested
+    return math.floor(total_cpus * _CPU_STEPS_PER_CPU / size) / _CPU_STEPS_PER_CPU
+
 
 # Rank actors run the rank function in their default group (one thread) and take deliveries
 # in a separate pool, so a rank blocked in recv still receives.
@@ -75,12 +111,14 @@ class RankActor(MailboxHost):
             self._native = GlooNative(collective, group_name, self._transport)
         else:
             # not through ray.util.collective: importing it imports torch (+197 MB per rank)
+            if isinstance(self._transport, DirectTransport):
+                self._transport.close()  # a survivor of a repair: the old group's channels
             self._transport = join_group(world_size, rank, group_name)
         return ray.get_runtime_context().get_node_id()
 
     def run(self, stage: str, attempt: int, num_outputs: int, fn, fn_args, fn_kwargs, *blocks):
         """Run ``fn(comm, *blocks, *fn_args, **fn_kwargs)``; return status then the outputs."""
-        if isinstance(self._transport, RayTransport):
+        if isinstance(self._transport, DirectTransport):
             self._rf_mailbox().forget_other_stages(stage)
             transport = self._transport.for_stage(stage)
         else:
@@ -114,7 +152,8 @@ class Gang:
         backend: ``"ray"`` (Ray-native, default) or ``"gloo"`` (needs torch).
         strategy: placement strategy: PACK, SPREAD, STRICT_PACK or STRICT_SPREAD.
         gang_timeout_s: how long to wait for the whole gang to be placed.
-        rank_num_cpus: CPUs reserved per rank.
+        rank_num_cpus: CPUs reserved per rank (default ``hpc.rank_num_cpus``, 1; on the
+            embedded local Ray a default that does not fit becomes an equal share).
         blas_threads: BLAS threads per rank (threadpoolctl); ``None`` leaves the default.
         options: the :class:`~rayflow.config.HpcOptions` supplying unset arguments.
     """
@@ -140,15 +179,58 @@ class Gang:
         self.strategy = strategy or opts.strategy
         self.gang_timeout_s = gang_timeout_s if gang_timeout_s is not None else opts.gang_timeout_s
         cpus = rank_num_cpus if rank_num_cpus is not None else opts.rank_num_cpus
-        # A bundle must ask for something; a token CPU fraction keeps "0 CPUs" placeable.
-        self.bundle = {"CPU": float(cpus) if cpus > 0 else 0.001}
-        self._num_cpus = float(cpus)
+        if cpus < 0:
+            raise ValueError(f"rank_num_cpus must be >= 0, got {cpus}")
+        # explicit: the caller (or the configuration) chose it, so it is never lowered
+        self._explicit_cpus = rank_num_cpus is not None or "rank_num_cpus" in opts.model_fields_set
+        self._requested_cpus = float(cpus)
+        self._set_cpus(float(cpus))
+        if ray.is_initialized():  # sized now, so that a gang can be compared with a started one
+            self._fit_embedded(check=False)
         self.blas_threads = blas_threads
         self.actors: list[Any] = []
         self.node_ids: list[str] = []
         self.starts = 0
         self._pg = None
         self._rdv = None
+
+    def _set_cpus(self, cpus: float) -> None:
+        self.rank_num_cpus = cpus
+        # A bundle must ask for something; a token CPU fraction keeps "0 CPUs" placeable.
+        self.bundle = {"CPU": cpus if cpus > 0 else 0.001}
+        self._num_cpus = cpus
+
+    def _asked(self) -> str:
+        return (f"{self.size} bundles of {self.bundle} (total CPU "
+                f"{self.size * self.bundle['CPU']:g}) with strategy {self.strategy}")
+
+    def _fit_embedded(self, check: bool = True) -> None:
+        """Size the gang to the embedded local Ray, and (``check``) fail at once if it can
+        never fit."""
+        from rayflow._raycontext import is_embedded
+
+        if not is_embedded():
+            return
+        total = ray.cluster_resources()
+        total_cpus = float(total.get("CPU", 0.0))
+        cpus = fit_rank_cpus(self.size, self._requested_cpus, total_cpus, self._explicit_cpus)
+        if cpus != self.rank_num_cpus:
+            _log.info("gang of %d ranks on the local Ray with %g CPUs: %g CPU per rank "
+                      "(ranks share cores)", self.size, total_cpus, cpus)
+        self._set_cpus(cpus)
+        if not check:
+            return
+        nodes = sum(1 for n in ray.nodes() if n.get("Alive"))
+        never = self.size * self.bundle["CPU"] > total_cpus + _CPU_STEP / 2
+        if self.strategy == "STRICT_SPREAD" and self.size > nodes:
+            never = True
+        if never:
+            raise GangSchedulingError(
+                f"gang of {self.size} ranks can never be placed on the local Ray ({nodes} "
+                f"node, {total_cpus:g} CPUs): asked for {self._asked()}; cluster total "
+                f"{total}, available {ray.available_resources()}. Lower rank_num_cpus, or "
+                "start Ray with more CPUs: rayflow.init(num_cpus=...)"
+            )
 
     def __enter__(self) -> Gang:
         return self.start()
@@ -164,6 +246,10 @@ class Gang:
         """Place the gang and start its ranks, or raise GangSchedulingError."""
         if self.started:
             return self
+        from rayflow._raycontext import ensure_ray_default
+
+        ensure_ray_default()
+        self._fit_embedded()
         if self.backend == "gloo":
             from rayflow.hpc.gloo_backend import gloo_available
 
@@ -175,9 +261,8 @@ class Gang:
             remove_placement_group(pg)
             raise GangSchedulingError(
                 f"gang of {self.size} ranks not placed within {self.gang_timeout_s:g}s: asked for "
-                f"{self.size} bundles of {self.bundle} (total CPU "
-                f"{self.size * self.bundle['CPU']:g}) with strategy {self.strategy}; cluster "
-                f"total {ray.cluster_resources()}, available {ray.available_resources()}"
+                f"{self._asked()}; cluster total {ray.cluster_resources()}, available "
+                f"{ray.available_resources()}"
             )
         self._pg = pg
         self.actors = [self._new_rank(pg, r) for r in range(self.size)]

@@ -2,12 +2,16 @@
 
 Usage: ``Gang(4, backend="gloo")`` (needs ``pip install 'rayflow[gloo]'``, i.e. torch)
 
-gloo supports one world per process (RAY_NOTES: subgroups of a world of 4 gave silently wrong
-sums), so only the world communicator uses the native collectives; row and column
-communicators run :mod:`rayflow.hpc.comm`'s algorithms over tagged ``torch.distributed``
-send/recv between world ranks. Every message is a fixed 8-integer header (kind, dtype, shape
-or byte count) followed by the payload, so receivers need not know shapes in advance;
-non-array objects travel pickled.
+gloo supports one world per process (subgroups of a world of 4 gave silently wrong sums), so
+only the world communicator uses the native collectives; row and column communicators run
+:mod:`rayflow.hpc.comm`'s algorithms over tagged ``torch.distributed`` send/recv between
+world ranks. Every message is a fixed integer header (kind, dtype, shape, byte count)
+followed by the payload as raw bytes, so receivers need not know shapes in advance and any
+numeric dtype (complex, float16, uint64, ...) travels exactly; other objects travel pickled.
+
+The world allreduce exchanges a header before each payload, so ranks whose arrays differ all
+raise ``ValueError`` (gloo itself would abort the process on a size mismatch), and Python
+objects reduce with Python's operators in rank order, exactly as on the Ray backend.
 """
 
 from __future__ import annotations
@@ -15,17 +19,85 @@ from __future__ import annotations
 import pickle
 import warnings
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
-from rayflow.hpc.comm import REDUCE_OPS, Request
+from rayflow.hpc.comm import REDUCE_OPS, Request, check_op, reduce_values
 
-_DTYPES = [np.float64, np.float32, np.int64, np.int32, np.uint8, np.int8, np.int16, np.bool_]
-_CODE = {np.dtype(d): i for i, d in enumerate(_DTYPES)}
-_ARRAY, _PICKLE = 0, 1
-_HDR = 8  # kind, dtype code, ndim, d0..d3, element or byte count
+# Dtypes sent as raw bytes; any other array (object, strings, structured, non-native byte
+# order, more than _MAX_NDIM axes) is pickled.
+_DTYPES = tuple(
+    np.dtype(t)
+    for t in (np.bool_, np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32,
+              np.uint64, np.float16, np.float32, np.float64, np.longdouble, np.complex64,
+              np.complex128, np.clongdouble)
+)
+_CODE = {d: i for i, d in enumerate(_DTYPES)}
+_ARRAY, _SCALAR, _PICKLE, _ERROR = 0, 1, 2, 3  # header kinds (a numpy scalar is _SCALAR)
+_MAX_NDIM = 8
+_HDR = 3 + _MAX_NDIM + 1  # kind, dtype code, ndim, dims, byte count
+
+
+def _is_raw(obj: Any) -> bool:
+    """Whether ``obj`` is a numpy array or scalar that travels as raw bytes."""
+    return (isinstance(obj, (np.ndarray, np.generic)) and obj.dtype in _CODE
+            and obj.ndim <= _MAX_NDIM)
+
+
+def _header(kind: int, nbytes: int, code: int = 0, shape: Sequence[int] = ()) -> np.ndarray:
+    hdr = np.zeros(_HDR, dtype=np.int64)
+    hdr[:3] = (kind, code, len(shape))
+    hdr[3 : 3 + len(shape)] = shape
+    hdr[-1] = nbytes
+    return hdr
+
+
+def _nbytes(hdr: np.ndarray) -> int:
+    return int(hdr[-1])
+
+
+def _describe(hdr: np.ndarray) -> str:
+    kind = int(hdr[0])
+    if kind == _PICKLE:
+        return "a Python object"
+    dtype = _DTYPES[int(hdr[1])]
+    if kind == _SCALAR:
+        return f"a numpy {dtype} scalar"
+    shape = tuple(int(d) for d in hdr[3 : 3 + int(hdr[2])])
+    return f"an array of {dtype} {shape}"
+
+
+def _raw_bytes(arr: np.ndarray) -> np.ndarray:
+    """The bytes of a C-contiguous array, as a flat uint8 view."""
+    return arr.reshape(-1).view(np.uint8)
+
+
+def _encode(obj: Any, copy: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    """Header and flat uint8 payload of ``obj`` (a view of a contiguous array when not ``copy``)."""
+    if _is_raw(obj):
+        arr = np.asarray(obj, order="C")  # 0-d for a numpy scalar; a copy if not C-contiguous
+        kind = _SCALAR if isinstance(obj, np.generic) else _ARRAY
+        flat = _raw_bytes(arr)
+        if copy and arr is obj:
+            flat = flat.copy()
+        return _header(kind, arr.nbytes, _CODE[arr.dtype], arr.shape), flat
+    data = np.frombuffer(pickle.dumps(obj, protocol=5), dtype=np.uint8)
+    return _header(_PICKLE, data.size), data
+
+
+def _decode(hdr: np.ndarray, flat: np.ndarray) -> Any:
+    kind, n = int(hdr[0]), _nbytes(hdr)
+    if kind in (_PICKLE, _ERROR):
+        return pickle.loads(flat[:n].tobytes())
+    shape = tuple(int(d) for d in hdr[3 : 3 + int(hdr[2])])
+    arr = flat[:n].view(_DTYPES[int(hdr[1])]).reshape(shape)
+    return arr[()] if kind == _SCALAR else arr
+
+
+def _empty(hdr: np.ndarray) -> np.ndarray:
+    return np.empty(_nbytes(hdr), dtype=np.uint8)
 
 
 def gloo_available() -> bool:
@@ -36,32 +108,6 @@ def gloo_available() -> bool:
         return dist.is_available()
     except ImportError:
         return False
-
-
-def _encode(obj: Any, copy: bool = True) -> tuple[np.ndarray, np.ndarray]:
-    """Header and flat payload of ``obj`` (a view of a contiguous array when not ``copy``)."""
-    hdr = np.zeros(_HDR, dtype=np.int64)
-    if isinstance(obj, np.ndarray) and obj.dtype in _CODE and obj.ndim <= 4:
-        hdr[:3] = (_ARRAY, _CODE[obj.dtype], obj.ndim)
-        hdr[3 : 3 + obj.ndim] = obj.shape
-        hdr[7] = obj.size
-        flat = np.ascontiguousarray(obj).reshape(-1)
-        return hdr, flat.copy() if copy else flat
-    data = np.frombuffer(pickle.dumps(obj, protocol=5), dtype=np.uint8).copy()
-    hdr[0], hdr[7] = _PICKLE, data.size
-    return hdr, data
-
-
-def _decode(hdr: np.ndarray, flat: np.ndarray) -> Any:
-    if hdr[0] == _PICKLE:
-        return pickle.loads(flat[: hdr[7]].tobytes())
-    shape = tuple(int(d) for d in hdr[3 : 3 + int(hdr[2])])
-    return flat[: hdr[7]].reshape(shape)
-
-
-def _empty(hdr: np.ndarray) -> np.ndarray:
-    dtype = np.uint8 if hdr[0] == _PICKLE else _DTYPES[int(hdr[1])]
-    return np.empty(int(hdr[7]), dtype=dtype)
 
 
 class _Work:
@@ -79,15 +125,23 @@ class _Work:
 
 
 class GlooTransport:
-    """Tagged point-to-point messages over ``torch.distributed`` (gloo) between world ranks."""
+    """Tagged point-to-point messages over ``torch.distributed`` (gloo) between world ranks.
+
+    Args:
+        rank, size: this process's world rank and the world size.
+        torch_module, dist_module: ``torch`` and ``torch.distributed`` (imported when
+            ``None``); any pair with ``from_numpy`` and ``isend``/``recv`` will do.
+    """
 
     backend = "gloo"
 
-    def __init__(self, rank: int, size: int):
-        import torch
-        import torch.distributed as dist
+    def __init__(self, rank: int, size: int, torch_module: Any = None, dist_module: Any = None):
+        if torch_module is None:
+            import torch as torch_module
+        if dist_module is None:
+            import torch.distributed as dist_module
 
-        self._torch, self._dist = torch, dist
+        self._torch, self._dist = torch_module, dist_module
         self.rank, self.size = rank, size
         self._pending: list[_Work] = []  # in-flight sends (and their buffers)
         self._local: dict[tuple, Any] = {}
@@ -95,17 +149,55 @@ class GlooTransport:
     def _tag(self, key: tuple) -> int:
         return zlib.crc32(repr(key).encode()) & 0x7FFFFFFF
 
+    def _tensor(self, arr: np.ndarray) -> Any:
+        with warnings.catch_warnings():
+            # object-store blocks and pickles are read-only; torch warns that writing through
+            # the tensor is undefined, but a send only reads it
+            warnings.simplefilter("ignore", UserWarning)
+            return self._torch.from_numpy(arr)
+
+    def start_parts(self, dest: int, key: tuple, hdr: np.ndarray, data: np.ndarray,
+                    *keep: Any) -> list[_Work]:
+        """Start sending a header and its payload (none when empty); ``keep`` stays alive."""
+        tag = self._tag(key)
+        th = self._tensor(hdr)
+        works = [_Work(self._dist.isend(th, dest, tag=tag), th)]
+        if _nbytes(hdr):
+            td = self._tensor(data)
+            works.append(_Work(self._dist.isend(td, dest, tag=tag), td, data, *keep))
+        return works
+
+    def recv_parts(self, src: int, key: tuple, out: np.ndarray | None = None):
+        """Receive a header and its payload: into ``out`` when the sizes agree, else a new buffer.
+
+        The payload is always drained, whatever its size, so a mismatch never leaves a
+        message behind.
+        """
+        tag = self._tag(key)
+        hdr = np.zeros(_HDR, dtype=np.int64)
+        self._dist.recv(self._torch.from_numpy(hdr), src, tag=tag)
+        n = _nbytes(hdr)
+        flat = out if out is not None and out.size == n else np.empty(n, dtype=np.uint8)
+        if n:
+            self._dist.recv(self._torch.from_numpy(flat), src, tag=tag)
+        return hdr, flat
+
+    def exchange_parts(self, peer: int, key: tuple, hdr: np.ndarray, data: np.ndarray,
+                       out: np.ndarray | None = None):
+        """Send a header and payload to ``peer`` and receive its pair (see :meth:`recv_parts`).
+
+        ``data`` is sent without a copy and may be changed once this returns.
+        """
+        works = self.start_parts(peer, key, hdr, data)
+        got = self.recv_parts(peer, key, out)
+        for w in works:
+            w.wait()
+        return got
+
     def _start(self, dest: int, key: tuple, obj: Any, copy: bool) -> list[_Work]:
         """Start the header and payload sends of ``obj`` (a copy of it, or ``obj`` itself)."""
         hdr, data = _encode(obj, copy=copy)
-        tag = self._tag(key)
-        with warnings.catch_warnings():
-            # object-store blocks are read-only; torch warns that writing through the tensor
-            # is undefined, but a send only reads it
-            warnings.simplefilter("ignore", UserWarning)
-            th, td = self._torch.from_numpy(hdr), self._torch.from_numpy(data)
-        return [_Work(self._dist.isend(th, dest, tag=tag), th),
-                _Work(self._dist.isend(td, dest, tag=tag), td, obj)]
+        return self.start_parts(dest, key, hdr, data, obj)
 
     def send(self, dest: int, key: tuple, obj: Any) -> None:
         if dest == self.rank:
@@ -128,29 +220,7 @@ class GlooTransport:
     def recv(self, src: int, key: tuple) -> Any:
         if src == self.rank:
             return self._local.pop(key)
-        tag = self._tag(key)
-        hdr = np.zeros(_HDR, dtype=np.int64)
-        self._dist.recv(self._torch.from_numpy(hdr), src, tag=tag)
-        flat = _empty(hdr)
-        if flat.size:
-            self._dist.recv(self._torch.from_numpy(flat), src, tag=tag)
-        return _decode(hdr, flat)
-
-    def exchange(self, peer: int, key: tuple, send: np.ndarray, out: np.ndarray) -> None:
-        """Send ``send`` to ``peer`` and receive its equal-sized array into ``out``.
-
-        Raw payloads with no header: both sides know the shape (a collective's contract).
-        """
-        tag = self._tag(key)
-        work = self._dist.isend(self._torch.from_numpy(send), peer, tag=tag)
-        self._dist.recv(self._torch.from_numpy(out), peer, tag=tag)
-        work.wait()
-
-    def send_raw(self, dest: int, key: tuple, arr: np.ndarray) -> None:
-        self._dist.send(self._torch.from_numpy(arr), dest, tag=self._tag(key))
-
-    def recv_raw(self, src: int, key: tuple, out: np.ndarray) -> None:
-        self._dist.recv(self._torch.from_numpy(out), src, tag=self._tag(key))
+        return _decode(*self.recv_parts(src, key))
 
     def flush(self) -> None:
         """Wait for every in-flight send."""
@@ -160,94 +230,165 @@ class GlooTransport:
 
 
 class GlooNative:
-    """World-group collectives through ``ray.util.collective`` on the gloo group."""
+    """World-group collectives through ``ray.util.collective`` on the gloo group.
+
+    Args:
+        collective: ``ray.util.collective`` (or any module with its ``barrier``,
+            ``allgather`` and ``broadcast``).
+        group_name: the gloo group.
+        transport: this rank's :class:`GlooTransport` (the allreduce runs over it).
+    """
 
     def __init__(self, collective: Any, group_name: str, transport: GlooTransport):
-        from ray.util.collective.types import ReduceOp
-
         self._c = collective
         self._g = group_name
         self._t = transport
-        self._ops = {"sum": ReduceOp.SUM, "prod": ReduceOp.PRODUCT, "min": ReduceOp.MIN,
-                     "max": ReduceOp.MAX}
+        self._seq = 0
 
     def barrier(self) -> None:
         self._c.barrier(self._g)
 
     def allreduce(self, obj: Any, op: str) -> Any:
-        scalar = np.ndim(obj) == 0 and not isinstance(obj, np.ndarray)
-        arr = np.array(obj, copy=True)  # own, writable buffer: gloo reduces in place
-        if arr.dtype not in _CODE:
-            arr = arr.astype(np.float64)
-        if arr.dtype == np.bool_:
-            self._c.allreduce(arr, self._g, self._ops[op])
-        else:
-            arr = self._doubling_allreduce(np.ascontiguousarray(arr), op)
-        return arr.item() if scalar else arr
-
-    def _doubling_allreduce(self, buf: np.ndarray, op: str) -> np.ndarray:
-        """Recursive doubling over tagged send/recv: log2(p) exchanges of the whole array.
+        """Reduce by recursive doubling over tagged send/recv, with the semantics of
+        :func:`rayflow.hpc.comm.reduce_values`.
 
         Measured here with 2 ranks, gloo's own allreduce took 1.1-1.8 ms for anything above
         one element (16 to 8,192 float64) while one tagged exchange of 32 KiB took 0.1 ms, so
-        the world allreduce runs as exchanges. The result is bitwise the same on every rank:
-        each step combines the same two partial results, and the ufuncs commute exactly.
-        A rank count that is not a power of two first folds the extra ranks into partners.
+        the world allreduce runs as exchanges. numpy arrays and scalars of the dtypes in
+        ``_DTYPES`` travel as raw bytes and combine with the ufunc: every rank gets the
+        bitwise-same result, since each step combines the same two partial results and the
+        ufuncs commute exactly. Anything else (Python ints, Fractions, object arrays) is
+        gathered the same way and folded in rank order with Python's operators.
         """
-        t, ufunc = self._t, REDUCE_OPS[op]
+        check_op(op)
+        if _is_raw(obj):
+            buf = np.array(obj, order="C", copy=True)  # own, writable; 0-d for a scalar
+            kind = _SCALAR if isinstance(obj, np.generic) else _ARRAY
+            hdr = _header(kind, buf.nbytes, _CODE[buf.dtype], buf.shape)
+            mine = _raw_bytes(buf)
+            ufunc = REDUCE_OPS[op]
+
+            def combine(peer_hdr: np.ndarray, peer: np.ndarray) -> None:
+                ufunc(buf, peer.view(buf.dtype).reshape(buf.shape), out=buf)
+
+            def adopt(peer_hdr: np.ndarray, peer: np.ndarray) -> None:
+                np.copyto(mine, peer)
+
+            self._doubling(hdr, lambda: mine, combine, adopt, scratch=np.empty_like(mine))
+            return buf[()] if kind == _SCALAR else buf
+
+        values = {self._t.rank: obj}
+
+        def payload() -> np.ndarray:
+            return np.frombuffer(pickle.dumps(values, protocol=5), dtype=np.uint8)
+
+        def merge(peer_hdr: np.ndarray, peer: np.ndarray) -> None:
+            values.update(_decode(peer_hdr, peer))
+
+        self._doubling(_header(_PICKLE, 0), payload, merge, merge)
+        return reduce_values([values[r] for r in range(self._t.size)], op, "allreduce")
+
+    def _doubling(
+        self,
+        hdr: np.ndarray,
+        payload: Callable[[], np.ndarray],
+        combine: Callable[[np.ndarray, np.ndarray], None],
+        adopt: Callable[[np.ndarray, np.ndarray], None],
+        scratch: np.ndarray | None = None,
+    ) -> None:
+        """Recursive doubling: log2(p) exchanges; ranks beyond a power of two fold into
+        partners first and get the result back.
+
+        Every payload follows its header, and a header that does not match this rank's (or
+        an error header) turns the rank into an error sender for the remaining steps, so all
+        ranks learn of a mismatch and raise the same kind of error instead of blocking.
+        """
+        t = self._t
         p, r = t.size, t.rank
-        self._seq = (getattr(self, "_seq", 0) + 1) & 0xFFFFF
+        self._seq = (self._seq + 1) & 0xFFFFF
+        key = ("ar", self._seq)
         pof2 = 1 << (p.bit_length() - 1)
         extra = p - pof2
+        error: str | None = None
+
+        def outgoing() -> tuple[np.ndarray, np.ndarray]:
+            if error is None:
+                data = payload()
+                sent = hdr.copy()
+                sent[-1] = data.size
+                return sent, data
+            data = np.frombuffer(pickle.dumps(error), dtype=np.uint8)
+            return _header(_ERROR, data.size), data
+
+        def take(peer: int, peer_hdr: np.ndarray, data: np.ndarray, fn) -> None:
+            nonlocal error
+            if error is not None:
+                return
+            if int(peer_hdr[0]) == _ERROR:
+                error = _decode(peer_hdr, data)
+            elif not _same(hdr, peer_hdr):
+                me, them = (r, _describe(hdr)), (peer, _describe(peer_hdr))
+                lo, hi = sorted([me, them])
+                error = (f"allreduce: every rank must pass an array of the same shape and dtype; "
+                         f"got rank {lo[0]}: {lo[1]}, rank {hi[0]}: {hi[1]}")
+            else:
+                fn(peer_hdr, data)
+
         if r >= pof2:  # an extra rank: hand the data to a partner, get the result back
-            t.send_raw(r - pof2, ("ar", self._seq, "fold"), buf)
-            t.recv_raw(r - pof2, ("ar", self._seq, "unfold"), buf)
-            return buf
-        tmp = np.empty_like(buf)
-        if r < extra:
-            t.recv_raw(r + pof2, ("ar", self._seq, "fold"), tmp)
-            ufunc(buf, tmp, out=buf)
-        mask = 1
-        while mask < pof2:
-            t.exchange(r ^ mask, ("ar", self._seq, mask), buf, tmp)
-            ufunc(buf, tmp, out=buf)
-            mask <<= 1
-        if r < extra:
-            t.send_raw(r + pof2, ("ar", self._seq, "unfold"), buf)
-        return buf
+            partner = r - pof2
+            for w in t.start_parts(partner, (*key, "fold"), *outgoing()):
+                w.wait()
+            got_hdr, got = t.recv_parts(partner, (*key, "unfold"), scratch)
+            take(partner, got_hdr, got, adopt)
+        else:
+            if r < extra:
+                got_hdr, got = t.recv_parts(r + pof2, (*key, "fold"), scratch)
+                take(r + pof2, got_hdr, got, combine)
+            mask = 1
+            while mask < pof2:
+                peer = r ^ mask
+                got_hdr, got = t.exchange_parts(peer, (*key, mask), *outgoing(), out=scratch)
+                take(peer, got_hdr, got, combine)
+                mask <<= 1
+            if r < extra:
+                for w in t.start_parts(r + pof2, (*key, "unfold"), *outgoing()):
+                    w.wait()
+        if error is not None:
+            raise ValueError(error)
 
     def reduce_scatter(self, array: np.ndarray, op: str, counts: Sequence[int]) -> np.ndarray:
         full = self.allreduce(array, op)
         start = int(sum(counts[: self._t.rank]))
         return full[start : start + counts[self._t.rank]]
 
-    def _gather_headers(self, hdr: np.ndarray) -> list[np.ndarray]:
-        outs = [np.zeros(_HDR, dtype=np.int64) for _ in range(self._t.size)]
-        self._c.allgather(outs, hdr, self._g)
-        return outs
-
     def allgather(self, obj: Any) -> list[Any]:
         hdr, data = _encode(obj)
-        hdrs = self._gather_headers(hdr)
-        kinds = {(int(h[0]), int(h[1])) for h in hdrs}
-        if len(kinds) != 1:  # mixed kinds: pickle everything on a second round
-            hdr, data = _encode(pickle.dumps(obj, protocol=5))
-            hdrs = self._gather_headers(hdr)
-        width = max(int(h[7]) for h in hdrs)
-        buf = np.zeros(width, dtype=data.dtype)
-        buf[: data.size] = data
-        outs = [np.empty(width, dtype=data.dtype) for _ in range(self._t.size)]
-        self._c.allgather(outs, buf, self._g)
-        got = [_decode(h, o) for h, o in zip(hdrs, outs)]
-        if len(kinds) != 1:
-            got = [pickle.loads(g) for g in got]
-        return got
+        hdrs = [np.zeros(_HDR, dtype=np.int64) for _ in range(self._t.size)]
+        self._c.allgather(hdrs, hdr, self._g)
+        width = max(_nbytes(h) for h in hdrs)
+        outs = [np.zeros(width, dtype=np.uint8) for _ in range(self._t.size)]
+        if width:
+            buf = np.zeros(width, dtype=np.uint8)  # every rank sends the same byte count
+            buf[: data.size] = data
+            self._c.allgather(outs, buf, self._g)
+        return [_decode(h, o) for h, o in zip(hdrs, outs)]
 
     def bcast(self, obj: Any, root: int) -> Any:
         me = self._t.rank
         hdr, data = _encode(obj) if me == root else (np.zeros(_HDR, dtype=np.int64), None)
         self._c.broadcast(hdr, root, self._g)
-        buf = data if me == root else _empty(hdr)
+        if me == root:
+            buf = data if data.flags.writeable else data.copy()
+        else:
+            buf = _empty(hdr)
         if buf.size:
             self._c.broadcast(buf, root, self._g)
         return obj if me == root else _decode(hdr, buf)
+
+
+def _same(a: np.ndarray, b: np.ndarray) -> bool:
+    """Whether two allreduce headers describe contributions that combine (sizes aside for
+    pickled objects, whose byte counts differ)."""
+    if int(a[0]) == _PICKLE or int(b[0]) == _PICKLE:
+        return int(a[0]) == int(b[0])
+    return bool(np.array_equal(a[:-1], b[:-1]))

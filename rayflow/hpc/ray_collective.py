@@ -3,7 +3,7 @@
 Usage: ``register_ray_backend(); init_collective_group(n, rank, backend="RAYFLOW", group_name=g)``
 
 :class:`RayNativeGroup` implements ``ray.util.collective``'s in-place tensor API on numpy
-arrays over :class:`~rayflow.hpc.ray_backend.RayTransport`, so
+arrays over the backend's direct channels (:class:`~rayflow.hpc.channels.DirectTransport`), so
 ``ray.util.collective.allreduce(arr, group_name)`` works in rayflow's rank actors. This module
 is separate from :mod:`rayflow.hpc.ray_backend` because ``ray.util.collective`` imports torch
 whenever torch is installed; rayflow's gangs join groups without it.
@@ -23,7 +23,7 @@ _OPS = {ReduceOp.SUM: "sum", ReduceOp.PRODUCT: "prod", ReduceOp.MIN: "min", Redu
 
 
 class RayNativeGroup(BaseGroup):
-    """``ray.util.collective`` group over :class:`RayTransport` (numpy arrays, in place).
+    """``ray.util.collective`` group over direct channels (numpy arrays, in place).
 
     Built inside a rank actor that mixes in ``MailboxHost``, after the driver created the
     rendezvous actor with ``create_rendezvous``.
@@ -33,6 +33,10 @@ class RayNativeGroup(BaseGroup):
         super().__init__(world_size, rank, group_name)
         self.transport = join_group(world_size, rank, group_name, timeout_s)
         self.comm = Communicator(self.transport, context=("group", group_name))
+
+    def destroy_group(self):
+        """Release the group's channels (``ray.util.collective.destroy_collective_group``)."""
+        self.transport.close()
 
     @classmethod
     def backend(cls) -> str:

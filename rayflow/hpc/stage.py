@@ -13,7 +13,13 @@ refs; earlier stages are not recomputed because their outputs are driver-owned r
 Ray-native backend only the dead ranks are replaced, in their own placement-group bundles: the
 survivors' runs are aborted (a rank waiting on the dead peer is woken) and every rank joins a
 new group. With gloo, whose blocked receives cannot be woken, the whole gang is replaced.
-User exceptions are not retried: they would fail again.
+
+User exceptions are not retried: they would fail again. They are raised on the driver once
+(every other return value holding the error is read, so Ray does not also log it as an
+unhandled error), and a gang the caller passed stays usable for the next stage: with the
+Ray-native backend the other ranks' runs are aborted; with gloo they get a few seconds to
+end, and if some do not (blocked in a gloo receive), the gang is shut down and the error says
+so.
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ from rayflow.config import HpcOptions, load_config
 from rayflow.errors import RayflowError
 from rayflow.hpc.dataset import BlockDataset
 from rayflow.hpc.gang import Gang
+from rayflow.hpc.pool import warm_gangs
 
 
 class StageError(RayflowError):
@@ -74,6 +81,47 @@ def _wait_all(status_refs: list) -> list[dict]:
         for ref in ready:
             out[index[ref]] = ray.get(ref)
     return out
+
+
+# How long the other gloo ranks may take to end after a rank raised, before the gang (whose
+# blocked receives cannot be woken) is shut down.
+_GLOO_SETTLE_S = 5.0
+
+
+def _read_all(refs: list) -> None:
+    """Read refs that may hold errors, so that Ray does not log them as unhandled."""
+    for ref in refs:
+        try:
+            ray.get(ref)
+        except Exception:  # noqa: BLE001 - the error is known; only reading it matters
+            pass
+
+
+def _end_failed_stage(g: Gang, stage_id: str, calls: list) -> str | None:
+    """After a rank raised: end the other ranks' runs and keep the gang usable.
+
+    Returns a note for the user's error when the gang could not be kept as it was.
+    """
+    if g.backend == "ray":
+        dead = _stop_survivors(g, stage_id, calls)
+        if not dead:
+            return None
+        g.repair(dead)
+        _read_all([ref for r in dead for ref in calls[r]])  # killed by the repair: errors now
+        return (f"rayflow: ranks {sorted(dead)} did not stop after the error and were "
+                "replaced; the gang stays usable")
+    status_refs = [c[0] for c in calls]
+    _, running = ray.wait(status_refs, num_returns=len(status_refs), timeout=_GLOO_SETTLE_S,
+                          fetch_local=False)
+    stuck = sorted(status_refs.index(ref) for ref in running)
+    if stuck:
+        g.shutdown()
+    _read_all([ref for c in calls for ref in c])
+    if not stuck:
+        return None
+    return (f"rayflow: the gloo gang was shut down, since ranks {stuck} were still running "
+            "(a rank blocked in a gloo receive cannot be woken); the next stage on it starts "
+            "a new gang")
 
 
 def _stop_survivors(g: Gang, stage_id: str, calls: list, timeout_s: float = 30.0) -> set[int]:
@@ -142,7 +190,8 @@ def mpimap(
     Raises:
         GangSchedulingError: the gang could not be placed in time.
         StageError: ranks kept dying beyond ``max_retries``.
-        ray.exceptions.RayTaskError: ``fn`` raised (not retried).
+        ray.exceptions.RayTaskError: ``fn`` raised (not retried); it is also an instance of
+            the exception ``fn`` raised. A ``gang`` passed in stays started.
     """
     if not datasets:
         raise ValueError("mpimap needs at least one dataset")
@@ -154,11 +203,13 @@ def mpimap(
     retries = opts.max_stage_retries if max_retries is None else max_retries
     info = StageInfo(name or getattr(fn, "__name__", "stage"), size)
     own_gang = gang is None
-    g = gang or Gang(size, backend=backend, strategy=strategy, gang_timeout_s=gang_timeout_s,
-                     rank_num_cpus=rank_num_cpus, options=opts)
+    g = gang or warm_gangs.acquire(Gang(size, backend=backend, strategy=strategy,
+                                        gang_timeout_s=gang_timeout_s,
+                                        rank_num_cpus=rank_num_cpus, options=opts))
     if g.size != size:
         raise ValueError(f"gang has {g.size} ranks, datasets have {size} blocks")
     fn_ref = ray.put(fn)  # serialised once, not once per rank
+    ok = False
     t0 = time.perf_counter()
     try:
         while True:
@@ -183,7 +234,10 @@ def mpimap(
             except RayTaskError as err:
                 if isinstance(err, RayActorError):  # some Ray versions combine the two
                     raise
-                g.shutdown()  # the other ranks may wait forever on the one that raised
+                # the other ranks may wait forever on the one that raised: end their runs
+                note = _end_failed_stage(g, stage_id, calls)
+                if note is not None and not own_gang:
+                    err.add_note(note)
                 raise
             except RayActorError as err:
                 info.failures.append(f"attempt {info.attempts}: {type(err).__name__}")
@@ -200,11 +254,12 @@ def mpimap(
                     g.shutdown()  # survivors may be blocked in a gloo recv: a new gang
                     info.ranks_replaced += g.size
                 continue
+            ok = True
             break
     finally:
         info.wall_s = time.perf_counter() - t0
-        if own_gang:
-            g.shutdown()
+        if own_gang:  # a warm gang for the next stage, unless this one failed
+            warm_gangs.release(g, opts.warm_gang_idle_s if ok else 0)
     info.rank_wall_s = [s["wall_s"] for s in statuses]
     info.rank_maxrss_bytes = [s["maxrss_bytes"] for s in statuses]
     grid = datasets[0].grid

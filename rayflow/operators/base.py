@@ -75,6 +75,18 @@ class Logic:
         """Process one batch and return the output batch (possibly empty)."""
         raise NotImplementedError
 
+    def process_input(self, index: int, items: Items,
+                      event_times: np.ndarray | None) -> Output:
+        """Process a batch from the step's input number ``index`` (a join: 0 is the left
+        input, 1 the right); single-input logic needs only :meth:`process`."""
+        return self.process(items, event_times)
+
+    def on_watermark(self, watermark: float) -> Output | None:
+        """Event time reached ``watermark`` (the minimum over the step's inputs): fire the
+        event-time windows, joins and timers it closes. The runtime forwards the watermark
+        downstream after this returns, so what it emits is never behind it."""
+        return None
+
     def on_tick(self, now: float) -> Output | None:
         """Called when time passes without data (timers: processing-time windows, idle
         watermarks)."""

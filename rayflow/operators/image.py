@@ -202,6 +202,82 @@ def place_tile(out: np.ndarray, tile: Tile) -> None:
     out[t.y : t.y + t.height, t.x : t.x + t.width] = t.data
 
 
+# -- rows aligned with the whole image's ------------------------------------------------------
+
+# OpenCV computes each row of a filter's output in a vector loop and finishes the last
+# ``n mod L`` elements (n elements per row, L lanes per vector) in scalar code. For some
+# filters the two round differently (a fused multiply-add against a multiply then an add),
+# so a pixel's value depends on its distance from the end of the row it was computed in.
+# Every vector width OpenCV dispatches to (SSE to AVX-512: 4 to 16 lanes of 32 bits) divides
+# 64, so rows whose ends are 64 elements apart, or a row that ends 64 elements or more past
+# the pixel, give every pixel the code path it has in the whole image.
+ROW_ALIGN_PX = 64
+
+
+def filter_tile_rows_aligned(apply: Any, tile: Tile, border: Border) -> np.ndarray:
+    """``apply`` on ``tile`` so that each pixel of the tile's own region is computed by the
+    same code path as in ``apply(whole image)``; returns the region (halo dropped).
+
+    A tile that ends at least :data:`ROW_ALIGN_PX` pixels before the image's right edge is
+    padded on the right (with copies of its last column, which no pixel of the region
+    reads), so the scalar tail of each row falls outside the region, as in the whole image.
+    A tile nearer the edge is filtered in a row that starts at a multiple of
+    ``ROW_ALIGN_PX`` and ends where the image ends, with OpenCV extrapolating the image's
+    own border there: its rows' tails then fall on the same pixels as the whole image's.
+    The border pixels OpenCV reads for that are filled in from the tile's halo, which holds
+    the image's true border, so a tile narrower than the halo is exact too.
+    """
+    import cv2
+
+    data, h = tile.data, tile.halo
+    width = tile.shape[1]
+    x0, x1 = tile.x, tile.x + tile.width
+    lo, hi = x0 - h.left, x1 + h.right  # image columns of data[:, 0] and past data[:, -1]
+    rows = slice(h.top, h.top + tile.height)
+    if width - x1 >= ROW_ALIGN_PX:
+        padded = cv2.copyMakeBorder(np.ascontiguousarray(data), 0, 0, 0, ROW_ALIGN_PX,
+                                    cv2.BORDER_REPLICATE)
+        return apply(padded)[rows, h.left : h.left + tile.width]
+    row, start = _row_to_edge(data, lo, hi, width, cv_border(border))
+    return apply(row)[rows, x0 - start : x1 - start]
+
+
+def _row_to_edge(data: np.ndarray, lo: int, hi: int, width: int,
+                 border: int) -> tuple[np.ndarray, int]:
+    """``data`` (image columns ``lo..hi-1``) placed in a row of image columns
+    ``start..width-1`` with ``start`` a multiple of :data:`ROW_ALIGN_PX`, and the columns that
+    OpenCV's ``border`` reads beyond the row's end set so that it extrapolates the image's
+    true border (held in ``data`` past column ``width - 1``). Reflecting borders read
+    columns the row holds already; ``wrap`` reads the row's first columns, which are free
+    once the row starts at least as many columns before ``lo`` as the halo beyond the edge."""
+    import cv2
+
+    beyond = max(hi - width, 0)  # halo columns past the image's right edge
+    real_end = min(hi, width)
+    start = lo - lo % ROW_ALIGN_PX
+    for _ in range(4):
+        n = width - start
+        row = np.zeros((data.shape[0], n, *data.shape[2:]), data.dtype)
+        row[:, lo - start : real_end - start] = data[:, : real_end - lo]
+        filled = np.zeros(n, bool)
+        filled[lo - start : real_end - start] = True
+        ok = True
+        for j in range(beyond):
+            pos = cv2.borderInterpolate(n + j, n, border)
+            if pos < 0:  # a constant border: OpenCV's zeros are the image's
+                continue
+            want = data[:, width + j - lo]
+            if filled[pos] and not np.array_equal(row[:, pos], want):
+                ok = False  # it would overwrite a pixel the region reads: start earlier
+                break
+            row[:, pos], filled[pos] = want, True
+        if ok:
+            return row, start
+        start -= ROW_ALIGN_PX
+    raise RuntimeError(f"no row start lets OpenCV extrapolate the border of image columns "
+                       f"{lo}..{hi - 1} of {width}")  # unreachable for halos under 3 x 64
+
+
 # -- filters ---------------------------------------------------------------------------------
 
 def _pair(k: int | tuple[int, int]) -> tuple[int, int]:
@@ -240,10 +316,18 @@ class _Filter(OperatorSpec):
         """Filter a whole image (the OpenCV call)."""
         raise NotImplementedError
 
+    def row_tail_sensitive(self, dtype: np.dtype) -> bool:
+        """Whether OpenCV's result for a pixel of this dtype depends on where the pixel sits
+        in its row (vector body or scalar tail; see :func:`filter_tile_rows_aligned`)."""
+        return np.dtype(dtype).kind == "f"
+
     def apply_tile(self, tile: Tile) -> Tile:
         """Filter a tile cut with this filter's halo and border, and drop the halo."""
         if tile.halo != self.halo:
             raise ValueError(f"tile halo {tuple(tile.halo)} != filter halo {tuple(self.halo)}")
+        if self.row_tail_sensitive(tile.data.dtype):
+            region = filter_tile_rows_aligned(self.apply, tile, self.border)
+            return tile._replace(data=region, halo=Halo(0, 0, 0, 0))
         # The halo already holds the right border pixels; BORDER_ISOLATED-like behaviour at
         # the tile edge does not matter because those pixels are cropped away.
         return crop_halo(tile._replace(data=self.apply(np.ascontiguousarray(tile.data))))
@@ -404,6 +488,9 @@ class MedianBlur(_Filter):
         if self.ksize < 3 or self.ksize % 2 == 0:
             raise ValueError(f"MedianBlur: ksize must be odd and >= 3, got {self.ksize!r}")
 
+    def row_tail_sensitive(self, dtype: np.dtype) -> bool:
+        return False  # a median compares, it does not round
+
     def apply(self, image: np.ndarray) -> np.ndarray:
         import cv2
 
@@ -457,6 +544,11 @@ class Filter2D(_Filter):
     @property
     def halo(self) -> Halo:
         return Halo.of_window(*self.window, anchor=self.anchor)
+
+    def row_tail_sensitive(self, dtype: np.dtype) -> bool:
+        # a kernel of fractions on integer images: the vector body rounds with a fused
+        # multiply-add, the scalar tail does not, and the result can differ by 1
+        return True
 
     def apply(self, image: np.ndarray) -> np.ndarray:
         import cv2

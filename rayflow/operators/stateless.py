@@ -142,3 +142,47 @@ class MapBatches(OperatorSpec):
 
     def build(self, ctx, resume_state=None):
         return _MapBatchesLogic(ctx, self.fn)
+
+
+class _UnionLogic(Logic):
+    def process(self, items, event_times):
+        return Output(items, event_times)
+
+
+@dataclass(frozen=True)
+class Union(OperatorSpec):
+    """The records of every input, as they come (``stream.merge``)."""
+
+    def build(self, ctx, resume_state=None):
+        return _UnionLogic(ctx)
+
+
+class _BranchLogic(_ItemLogic):
+    def process(self, items, event_times):
+        records = rows(items)
+        keep, failed, dead = self._apply(records)
+        if failed:
+            bad = set(failed)
+            records = [r for i, r in enumerate(records) if i not in bad]
+            event_times = drop_positions(event_times, failed)
+        mask = np.fromiter(map(bool, keep), dtype=bool, count=len(keep))
+        yes = [r for r, k in zip(records, keep) if k]
+        no = [r for r, k in zip(records, keep) if not k]
+        times = (None, None) if event_times is None else (event_times[mask],
+                                                          event_times[~mask])
+        side = {BRANCH_REST: (no, times[1])} if no else {}
+        return Output(yes, times[0], dead, side)
+
+
+BRANCH_REST = "rest"
+
+
+@dataclass(frozen=True)
+class Branch(OperatorSpec):
+    """Records for which ``fn`` is true leave on the main output, the others on ``rest``
+    (``stream.branch``)."""
+
+    fn: Callable[[Any], bool]
+
+    def build(self, ctx, resume_state=None):
+        return _BranchLogic(ctx, self.fn)

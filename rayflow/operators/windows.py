@@ -3,8 +3,8 @@ Flink's accumulator quartet (create, add, merge, result).
 
 - :class:`CountWindow` closes a key's window after ``size`` records (the study's W4).
 - :class:`TumblingWindow` and :class:`SlidingWindow` group by time, on processing time
-  (:class:`ProcessingTime`) or event time (:class:`EventTime`, watermarks with bounded
-  out-of-orderness and an idle timeout).
+  (:class:`ProcessingTime`) or event time (:class:`EventTime`): event-time windows fire when
+  the watermark that reaches the step passes their end (:mod:`rayflow.operators.watermarks`).
 
 Records whose windows have all closed are *late*: they leave on the ``late`` output, counted,
 never dropped silently. Window state lives in the step's state backend, so it is part of
@@ -18,6 +18,7 @@ every checkpoint. Pure logic: no Ray.
 
 from __future__ import annotations
 
+import heapq
 import math
 import time
 from collections.abc import Callable
@@ -26,7 +27,7 @@ from typing import Any, Generic, TypeVar
 
 import numpy as np
 
-from rayflow.batches import Field, key_codes, rows
+from rayflow.batches import Field, key_codes, num_rows, rows
 from rayflow.operators.base import (
     Logic,
     OperatorSpec,
@@ -185,20 +186,42 @@ class ProcessingTime:
 
 @dataclass(frozen=True)
 class EventTime:
-    """Windows by the record's event time.
+    """Event time: on a source, how its watermarks are made; on a window, join or timer
+    step, that it runs on event time and fires on the watermarks that reach it.
+
+    On a source (``flow.source(..., watermarks=EventTime(...))``) each split (a Kafka
+    partition) keeps a bounded out-of-orderness watermark; see
+    :mod:`rayflow.operators.watermarks`. On a step (``clock=EventTime()``) only ``timestamp``
+    applies: the watermark comes from upstream.
 
     Args:
-        timestamp: record -> seconds since the epoch; None uses the runtime's event time
-            (for Kafka, the record timestamp).
-        max_delay_s: bounded out-of-orderness: the watermark trails the largest event time
-            seen by this much.
-        idle_timeout_s: when no record arrives for this long, the watermark advances with the
-            wall clock, so an idle input cannot hold windows open forever.
+        timestamp: record -> seconds since the epoch. On a source it sets the records' event
+            times (which then travel with them); None uses the source's own (Kafka record
+            timestamps). On a step it reads the time from the record instead of the event
+            time that came with it.
+        max_delay_s: (sources) bounded out-of-orderness: a split's watermark trails the
+            largest event time it has seen by this much.
+        idle_timeout_s: (sources) a split without records for this long (wall clock) is idle
+            and leaves the minimum, so it cannot hold windows open forever; None: never idle.
     """
 
     timestamp: Callable[[Any], float] | None = None
     max_delay_s: float = 0.0
-    idle_timeout_s: float = 5.0
+    idle_timeout_s: float | None = 5.0
+
+    def __post_init__(self):
+        if not isinstance(self.max_delay_s, (int, float)) or self.max_delay_s < 0:
+            raise ValueError(f"EventTime: max_delay_s must be a number >= 0, got "
+                             f"{self.max_delay_s!r}")
+        if self.idle_timeout_s is not None and (
+                not isinstance(self.idle_timeout_s, (int, float)) or self.idle_timeout_s <= 0):
+            raise ValueError(f"EventTime: idle_timeout_s must be a number > 0 or None, got "
+                             f"{self.idle_timeout_s!r}")
+
+    @property
+    def sets_watermarks(self) -> bool:
+        """Whether the fields that only a source uses differ from their defaults."""
+        return self.max_delay_s != 0.0 or self.idle_timeout_s != 5.0
 
 
 @dataclass(frozen=True)
@@ -239,6 +262,19 @@ class SlidingWindow:
 
 
 @dataclass(frozen=True)
+class SessionWindow:
+    """Per-key sessions: a record at ``t`` opens the window ``[t, t + gap_s)``, and windows
+    of one key that touch or overlap merge (Flink's session windows), so a session ends
+    ``gap_s`` after its last record. A closed session's state is deleted."""
+
+    gap_s: float
+
+    def __post_init__(self):
+        if not isinstance(self.gap_s, (int, float)) or not self.gap_s > 0:
+            raise ValueError(f"SessionWindow: gap_s must be a number > 0, got {self.gap_s!r}")
+
+
+@dataclass(frozen=True)
 class WindowResult:
     """One closed window: its key, its bounds (or count sequence) and the aggregate."""
 
@@ -261,14 +297,23 @@ class Windowed(OperatorSpec):
         clock: ProcessingTime() or EventTime(...); ignored by count windows.
     """
 
-    windower: CountWindow | TumblingWindow | SlidingWindow
+    windower: CountWindow | TumblingWindow | SlidingWindow | SessionWindow
     aggregator: Aggregator
     key_fn: Callable[[Any], Any]
     clock: ProcessingTime | EventTime = ProcessingTime()
 
+    @property
+    def event_time(self) -> bool:
+        """Whether the step fires on watermarks (count windows never do)."""
+        return isinstance(self.clock, EventTime) and not isinstance(self.windower, CountWindow)
+
     def build(self, ctx: StepContext, resume_state: Any = None) -> Logic:
         if isinstance(self.windower, CountWindow):
             return _CountLogic(self, ctx, resume_state)
+        if isinstance(self.windower, SessionWindow):
+            return _SessionLogic(self, ctx, resume_state)
+        if not isinstance(self.windower, (TumblingWindow, SlidingWindow)):
+            raise ValueError(f"step {ctx.step_id!r}: unknown windower {self.windower!r}")
         return _TimeLogic(self, ctx, resume_state)
 
 
@@ -315,6 +360,7 @@ class _StatefulLogic(Logic):
 
 
 _GLOBAL = object()
+_MISSING = object()
 
 
 class _CountLogic(_StatefulLogic):
@@ -406,7 +452,9 @@ class _CountLogic(_StatefulLogic):
 
 
 class _TimeLogic(_StatefulLogic):
-    """State: (key, start, end) -> acc, plus the watermark under ``__wm``."""
+    """Tumbling and sliding windows. State: ``("__w", key, (start, end)) -> acc`` plus the
+    watermark. Open windows also sit in a heap ordered by their end, so a batch costs what it
+    adds and what fires, not a walk over every open window."""
 
     WM = "__watermark__"
 
@@ -418,37 +466,25 @@ class _TimeLogic(_StatefulLogic):
     def __init__(self, spec, ctx, resume_state):
         super().__init__(spec, ctx, resume_state)
         self.event_time = isinstance(spec.clock, EventTime)
-        self.max_seen = self.state.get("__max_seen__", -math.inf)
         self.watermark = self.state.get(self.WM, -math.inf)
-        self.last_record_wall = time.time()
-        self.open_windows: dict[tuple, Any] = {}
+        self.fired = WindowQueue()
         for k, _ in self.state.items():
             if isinstance(k, tuple) and len(k) == 3 and k[0] == "__w":
-                self.open_windows[k[1:]] = None  # index of open windows for closing
+                self.fired.push(k[2][1], k[1], k[2])
 
     def snapshot(self):
         self.state.put(self.WM, self.watermark)
-        self.state.put("__max_seen__", self.max_seen)
         return super().snapshot()
-
-    def _times(self, items, event_times):
-        if not self.event_time:
-            return np.full(len(items), time.time())
-        ts = self.spec.clock.timestamp
-        if ts is not None:
-            return np.array([ts(r) for r in rows(items)], dtype=np.float64)
-        if event_times is None:
-            raise ValueError("EventTime without a timestamp function needs event times "
-                             "from the source")
-        return event_times
 
     def process(self, items, event_times):
         spec, state, agg = self.spec, self.state, self.spec.aggregator
         dead, late, late_t = [], [], []
         try:
-            times = self._times(items, event_times)
+            times = _times(spec.clock, items, event_times)
         except Exception as exc:  # noqa: BLE001 - user timestamp function
             return Output([], None, [self.dead(describe_exception(exc), items, "batch")])
+        wm = self.watermark
+        cache: dict = {}  # one backend read and write per window and batch
         for rec, t in zip(rows(items), times.tolist()):
             try:
                 key = spec.key_fn(rec)
@@ -456,54 +492,191 @@ class _TimeLogic(_StatefulLogic):
                 dead.append(self.dead(describe_exception(exc), rec))
                 continue
             placed = False
-            for start, end in spec.windower.windows_of(t):
-                if end <= self.watermark:
+            for window in spec.windower.windows_of(t):
+                if window[1] <= wm:
                     continue  # that window has closed
-                skey = ("__w", key, (start, end))
-                acc = state.get(skey)
-                state.put(skey, agg.add(agg.create() if acc is None else acc, rec))
-                self.open_windows[(key, (start, end))] = None
+                skey = ("__w", key, window)
+                acc = cache.get(skey, _MISSING)
+                if acc is _MISSING:
+                    acc = state.get(skey)
+                    if acc is None:
+                        acc = agg.create()
+                        self.fired.push(window[1], key, window)
+                try:
+                    cache[skey] = agg.add(acc, rec)
+                except Exception as exc:  # noqa: BLE001 - user aggregator
+                    dead.append(self.dead(describe_exception(exc), rec))
+                    break
                 placed = True
             if not placed:
                 late.append(rec)
                 late_t.append(t)
-            if t > self.max_seen:
-                self.max_seen = t
-        if len(items):
-            self.last_record_wall = time.time()
-        out = self._advance(time.time())
-        side = {"late": (late, np.asarray(late_t))} if late else {}
-        return Output(out, None, dead, side)
-
-    def _advance(self, now: float) -> list:
+        for skey, acc in cache.items():
+            state.put(skey, acc)
+        side = {"late": (late, np.asarray(late_t, dtype=np.float64))} if late else {}
         if self.event_time:
-            clock = self.spec.clock
-            wm = self.max_seen - clock.max_delay_s
-            idle = now - self.last_record_wall
-            if idle > clock.idle_timeout_s and self.max_seen > -math.inf:
-                wm = max(wm, self.max_seen - clock.max_delay_s + (idle - clock.idle_timeout_s))
-        else:
-            wm = now
-        if wm > self.watermark:
-            self.watermark = wm
-        return self._close(self.watermark)
+            return Output([], None, dead, side)
+        out = self._fire(time.time())  # processing time: the clock is the watermark
+        return Output(out.items, out.event_times, dead, side)
 
-    def _close(self, watermark: float) -> list:
-        agg, out = self.spec.aggregator, []
-        ready = [kw for kw in self.open_windows if kw[1][1] <= watermark]
-        ready.sort(key=lambda kw: (kw[1][1], str(kw[0])))
-        for key, (start, end) in ready:
-            skey = ("__w", key, (start, end))
-            acc = self.state.get(skey)
-            if acc is not None:
-                out.append(WindowResult(key, start, end, agg.result(acc)))
-                self.state.delete(skey)
-            del self.open_windows[(key, (start, end))]
-        return out
+    def on_watermark(self, watermark):
+        if not self.event_time or watermark <= self.watermark:
+            return None
+        return self._fire(watermark)
 
-    def on_tick(self, now: float) -> Output | None:
-        out = self._advance(now)
-        return Output(out, None) if out else None
+    def on_tick(self, now):
+        if self.event_time:
+            return None
+        out = self._fire(now)
+        return out if out.items else None
 
     def on_end(self):
-        return Output(self._close(math.inf), None)
+        return self._fire(math.inf)
+
+    def _fire(self, watermark: float) -> Output:
+        if watermark > self.watermark:
+            self.watermark = watermark
+        agg, out = self.spec.aggregator, []
+        for _, key, window in self.fired.pop_until(watermark):
+            skey = ("__w", key, window)
+            acc = self.state.get(skey)
+            if acc is not None:
+                out.append(WindowResult(key, window[0], window[1], agg.result(acc)))
+                self.state.delete(skey)
+        return Output(out, result_times(out))
+
+
+class _SessionLogic(_TimeLogic):
+    """Session windows. State: ``("__s", key) -> ((start, end, acc), ...)``, the key's open
+    sessions in order; a key without open sessions has no state at all."""
+
+    def routing_key(self, state_key):
+        if isinstance(state_key, tuple) and len(state_key) == 2 and state_key[0] == "__s":
+            return state_key[1]
+        return _GLOBAL
+
+    def __init__(self, spec, ctx, resume_state):
+        agg = spec.aggregator
+        if isinstance(agg, Reduce) and agg.merge_fn is None:
+            raise ValueError(f"step {ctx.step_id!r}: session windows merge accumulators; "
+                             f"give Reduce a merge_fn")
+        _StatefulLogic.__init__(self, spec, ctx, resume_state)
+        self.event_time = isinstance(spec.clock, EventTime)
+        self.watermark = self.state.get(self.WM, -math.inf)
+        self.fired = WindowQueue()
+        for k, sessions in self.state.items():
+            if isinstance(k, tuple) and len(k) == 2 and k[0] == "__s":
+                for start, end, _ in sessions:
+                    self.fired.push(end, k[1], (start, end))
+
+    def process(self, items, event_times):
+        spec, state, agg = self.spec, self.state, self.spec.aggregator
+        gap = spec.windower.gap_s
+        dead, late, late_t = [], [], []
+        try:
+            times = _times(spec.clock, items, event_times)
+        except Exception as exc:  # noqa: BLE001 - user timestamp function
+            return Output([], None, [self.dead(describe_exception(exc), items, "batch")])
+        wm = self.watermark
+        cache: dict = {}
+        for rec, t in zip(rows(items), times.tolist()):
+            try:
+                key = spec.key_fn(rec)
+                skey = ("__s", key)
+                sessions = cache.get(skey)
+                if sessions is None:
+                    sessions = cache[skey] = list(state.get(skey) or ())
+                start, end, acc = t, t + gap, agg.add(agg.create(), rec)
+                keep = []
+                for s in sessions:  # windows that touch or overlap [t, t + gap) merge
+                    if s[0] <= end and s[1] >= start:
+                        start, end, acc = min(start, s[0]), max(end, s[1]), agg.merge(s[2], acc)
+                    else:
+                        keep.append(s)
+            except Exception as exc:  # noqa: BLE001 - user code
+                dead.append(self.dead(describe_exception(exc), rec))
+                continue
+            if end <= wm:  # even merged, its session has closed
+                late.append(rec)
+                late_t.append(t)
+                continue
+            keep.append((start, end, acc))
+            keep.sort(key=lambda s: s[0])
+            cache[skey] = keep
+            self.fired.push(end, key, (start, end))
+        for skey, sessions in cache.items():
+            if sessions:
+                state.put(skey, tuple(sessions))
+        side = {"late": (late, np.asarray(late_t, dtype=np.float64))} if late else {}
+        if self.event_time:
+            return Output([], None, dead, side)
+        out = self._fire(time.time())
+        return Output(out.items, out.event_times, dead, side)
+
+    def _fire(self, watermark: float) -> Output:
+        if watermark > self.watermark:
+            self.watermark = watermark
+        agg, out = self.spec.aggregator, []
+        for _, key, window in self.fired.pop_until(watermark):
+            skey = ("__s", key)
+            sessions = self.state.get(skey) or ()
+            rest = [s for s in sessions if (s[0], s[1]) != window]
+            if len(rest) == len(sessions):
+                continue  # merged into a longer session since: its entry fires later
+            acc = next(s[2] for s in sessions if (s[0], s[1]) == window)
+            out.append(WindowResult(key, window[0], window[1], agg.result(acc)))
+            if rest:
+                self.state.put(skey, tuple(rest))
+            else:
+                self.state.delete(skey)
+        return Output(out, result_times(out))
+
+
+def _times(clock, items, event_times) -> np.ndarray:
+    """Each record's time on ``clock``: now (processing time), the timestamp function, or
+    the event times that came with the batch."""
+    if not isinstance(clock, EventTime):
+        return np.full(num_rows(items), time.time())
+    if clock.timestamp is not None:
+        return np.array([clock.timestamp(r) for r in rows(items)], dtype=np.float64)
+    if event_times is None:
+        raise ValueError("EventTime without a timestamp function needs event times from the "
+                         "source (Kafka record timestamps, or watermarks=EventTime(timestamp=...)"
+                         " on the source)")
+    return np.asarray(event_times, dtype=np.float64)
+
+
+def result_times(results: list) -> np.ndarray | None:
+    """Event time of each window result: the window's last instant (just before its end), as
+    Flink's ``maxTimestamp``, so a result falls in the same window of a later step."""
+    if not results:
+        return None
+    return np.nextafter(np.array([r.end for r in results], dtype=np.float64), -math.inf)
+
+
+class WindowQueue:
+    """Open windows ordered by firing time (a heap); ties by key text, then window, so output
+    order is deterministic. Entries are never removed early: one whose window has gone
+    (merged, expired) is skipped by its owner when it pops."""
+
+    def __init__(self):
+        self._heap: list = []
+        self._n = 0
+
+    def __len__(self) -> int:
+        return len(self._heap)
+
+    def push(self, fire_at: float, key: Any, window: Any) -> None:
+        heapq.heappush(self._heap, (fire_at, str(key), window, self._n, key))
+        self._n += 1
+
+    def peek(self) -> float:
+        return self._heap[0][0] if self._heap else math.inf
+
+    def pop_until(self, watermark: float):
+        """``(fire_at, key, window)`` of every entry with ``fire_at <= watermark``, in
+        order."""
+        heap = self._heap
+        while heap and heap[0][0] <= watermark:
+            fire_at, _, window, _, key = heapq.heappop(heap)
+            yield fire_at, key, window

@@ -3,6 +3,7 @@ a timer thread that carries out its actions on the step hosts."""
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from concurrent.futures import TimeoutError as FutureTimeout
@@ -12,10 +13,25 @@ import ray
 
 from rayflow.checkpoint import Abort, Complete, CompletedCheckpoint, Coordinator, Trigger
 
+log = logging.getLogger(__name__)
 
-@ray.remote(num_cpus=0, max_concurrency=4)
+
+@ray.remote(num_cpus=0, max_concurrency=4, max_restarts=0)
 class CoordinatorActor:
-    def __init__(self, interval_s: float, timeout_s: float, tick_s: float = 0.05):
+    """Runs the pure coordinator for a job: triggers checkpoints at the sources, collects
+    acks, writes each completed checkpoint to the durable store *before* it tells the sinks
+    to commit (so a commit never stands on a checkpoint that could be lost), and keeps the
+    split enumerators of file sources.
+
+    If this actor dies, the job's supervisor starts a new one from the store's newest
+    checkpoint: nothing here is needed that the store does not hold.
+    """
+
+    def __init__(self, interval_s: float, timeout_s: float, tick_s: float = 0.05,
+                 store_root: str | None = None, meta: dict | None = None,
+                 durable_positions: bool = False):
+        from rayflow.checkpoint_store import CheckpointStore
+
         self.interval_s, self.timeout_s, self.tick_s = interval_s, timeout_s, tick_s
         self.lock = threading.Lock()
         self.core: Coordinator | None = None
@@ -23,32 +39,39 @@ class CoordinatorActor:
         self.hosts: dict[tuple[str, int], Any] = {}
         self.positions: dict[tuple[str, int], Any] = {}
         self.history: list[dict] = []
-        self._stop_waiters: dict[int, threading.Event] = {}
-        self._aborted: dict[int, str] = {}  # savepoints aborted, and why
+        self.outcomes: dict[int, str] = {}  # checkpoint id -> "completed" or "aborted: why"
+        self.restore_point: dict = {"latest": None, "next_id": 1}
+        self.store = CheckpointStore(store_root) if store_root else None
+        self.meta = dict(meta or {})
+        self.durable_positions = durable_positions and self.store is not None
         self._running = True
         self.enumerators: dict[str, Any] = {}  # source step -> SplitEnumerator
         self.split_lock = threading.Lock()  # not self.lock: a checkpoint must not delay reads
         threading.Thread(target=self._loop, daemon=True).start()
 
     def attach(self, hosts: dict, sources: list, first_id: int,
-               latest: CompletedCheckpoint | None) -> bool:
+               latest: CompletedCheckpoint | None, positions: dict | None = None) -> bool:
         """(Re)start coordinating a set of hosts, after a start or a recovery."""
         with self.lock:
             if self.core is not None:
                 self.history.extend(self.core.history)
-            self.core = Coordinator(set(hosts), self.interval_s, self.timeout_s, first_id, latest)
+            self.core = Coordinator(set(hosts), self.interval_s, self.timeout_s, first_id,
+                                    latest, sources=set(sources))
             self.hosts = dict(hosts)
             self.sources = {k: hosts[k] for k in sources}
+            self.restore_point = {"latest": latest, "next_id": first_id}
+            if positions:
+                self.positions.update(positions)
         return True
 
     def detach(self) -> dict:
         """Stop coordinating (a failure): abort what is in flight; return what to restore."""
         with self.lock:
-            if self.core is None:
-                return {"latest": None, "next_id": 1, "positions": dict(self.positions)}
-            self._do(self.core.failure(time.time()))  # a savepoint waiting gets its answer
-            out = {"latest": self.core.latest, "next_id": self.core.next_id,
-                   "positions": dict(self.positions)}
+            if self.core is None:  # detached already (a failure during the recovery)
+                return {**self.restore_point, "positions": dict(self.positions)}
+            self._do(self.core.failure(time.time()))
+            self.restore_point = {"latest": self.core.latest, "next_id": self.core.next_id}
+            out = {**self.restore_point, "positions": dict(self.positions)}
             self.history.extend(self.core.history)
             self.core.history = []
             self.core = None
@@ -60,10 +83,10 @@ class CoordinatorActor:
             if self.core is not None:
                 self._do(self.core.ack(checkpoint_id, task, handle, time.time()))
 
-    def task_finished(self, task: tuple[str, int]) -> None:
+    def task_finished(self, task: tuple[str, int], handle: Any = None) -> None:
         with self.lock:
             if self.core is not None:
-                self._do(self.core.task_finished(task, time.time()))
+                self._do(self.core.task_finished(task, time.time(), handle))
 
     def set_enumerators(self, enumerators: dict[str, Any]) -> bool:
         """The split enumerators of the source steps (replaced at each start or recovery)."""
@@ -77,46 +100,43 @@ class CoordinatorActor:
             return self.enumerators[step_id].assign(instance)
 
     def position(self, task: tuple[str, int], pos: Any) -> None:
-        """At-most-once sources record their position before emitting."""
+        """At-most-once sources record their position before emitting (durably, when the
+        job has a store: a new coordinator must never replay what already left)."""
         self.positions[task] = pos
+        if self.durable_positions:
+            self.store.write_position(task, pos)
 
-    def savepoint(self, stop_after: bool, timeout_s: float) -> int | str:
-        """Trigger a checkpoint now (sources stop after it when ``stop_after``); wait for it.
-        Returns its id, or why it did not complete."""
-        from rayflow.checkpoint import _Pending
-
-        deadline = time.monotonic() + timeout_s
-        while True:  # let a periodic checkpoint in flight finish first
-            with self.lock:
-                core = self.core
-                if core is None:
-                    return "no tasks are attached (the job is failing or recovering)"
-                if core.finished:
-                    return f"tasks have finished: {sorted(core.finished)[:10]}"
-                if core.pending is None:
-                    cid = core.next_id
-                    core.next_id += 1
-                    core.pending = _Pending(cid, time.time())
-                    done = self._stop_waiters[cid] = threading.Event()
-                    for h in self.sources.values():
-                        h.trigger_checkpoint.remote(cid, stop_after)
-                    break
-                if time.monotonic() > deadline:
-                    return (f"checkpoint {core.pending.checkpoint_id} was still in flight, "
-                            f"without acks from {self._missing(core)}")
-            time.sleep(0.02)
-        if done.wait(timeout_s):
-            reason = self._aborted.pop(cid, None)
-            return cid if reason is None else f"savepoint {cid} aborted: {reason}"
+    def request_savepoint(self) -> int | str | None:
+        """Start a savepoint now: its id; None while another checkpoint is in flight (ask
+        again); a string when none can be taken."""
         with self.lock:
             core = self.core
-            missing = self._missing(core) if core is not None and core.pending is not None \
-                else []
-        return f"savepoint {cid} not complete after {timeout_s:.0f} s; no acks from {missing}"
+            if core is None:
+                return None  # failing or recovering: the supervisor attaches new tasks
+            if core.done:
+                return "the job has finished"
+            acts = core.trigger(time.time(), savepoint=True)
+            if not acts:  # one in flight, or the last tasks finishing (the final follows)
+                return None
+            cid = core.next_id - 1
+            self._do(acts)
+            return cid
 
-    @staticmethod
-    def _missing(core: Coordinator) -> list:
-        return sorted(set(core.tasks) - set(core.pending.acks))[:10]
+    def outcome(self, checkpoint_id: int) -> str | None:
+        """``completed``, ``aborted: why``, or None while in flight."""
+        with self.lock:
+            return self.outcomes.get(checkpoint_id)
+
+    def done(self) -> bool:
+        with self.lock:
+            return self.core is not None and self.core.done
+
+    def missing_acks(self) -> list:
+        with self.lock:
+            core = self.core
+            if core is None or core.pending is None:
+                return []
+            return sorted(set(core.tasks) - set(core.pending.acks))[:10]
 
     def latest(self) -> CompletedCheckpoint | None:
         with self.lock:
@@ -125,9 +145,6 @@ class CoordinatorActor:
     def checkpoints(self) -> list[dict]:
         with self.lock:
             return self.history + (self.core.history if self.core else [])
-
-    def shutdown(self) -> None:
-        self._running = False
 
     def _loop(self) -> None:
         while self._running:
@@ -139,20 +156,30 @@ class CoordinatorActor:
     def _do(self, actions: list) -> None:
         for act in actions:
             if isinstance(act, Trigger):
-                for h in self.sources.values():
-                    h.trigger_checkpoint.remote(act.checkpoint_id)
+                live = self.core.live_sources if self.core is not None else set()
+                for k, h in self.sources.items():
+                    if k in live:
+                        h.trigger_checkpoint.remote(act.checkpoint_id, act.stop_after)
             elif isinstance(act, Complete):
+                chk = self.core.latest if self.core is not None else None
+                if self.store is not None and chk is not None and \
+                        chk.checkpoint_id == act.checkpoint_id:
+                    try:
+                        self.store.write(chk, self.meta)
+                    except Exception as exc:  # noqa: BLE001 - not durable: not complete
+                        log.error("checkpoint %d could not be written to %s: %s",
+                                  act.checkpoint_id, self.store.root, exc)
+                        self.outcomes[act.checkpoint_id] = f"aborted: not durable: {exc}"
+                        continue
+                log.info("checkpoint %d complete%s", act.checkpoint_id,
+                         " (final)" if chk is not None and chk.final else "")
+                self.outcomes[act.checkpoint_id] = "completed"
                 # one call per actor: chained instances share one, which notifies them all
                 for h in {h._actor_id: h for h in self.hosts.values()}.values():
-                    h.notify_complete.remote(act.checkpoint_id)
-                ev = self._stop_waiters.pop(act.checkpoint_id, None)
-                if ev is not None:
-                    ev.set()
+                    h.notify_complete.remote(act.checkpoint_id, act.final)
             elif isinstance(act, Abort):
-                ev = self._stop_waiters.pop(act.checkpoint_id, None)
-                if ev is not None:  # a savepoint waiting for it: it has its answer
-                    self._aborted[act.checkpoint_id] = act.reason
-                    ev.set()
+                log.info("checkpoint %d aborted: %s", act.checkpoint_id, act.reason)
+                self.outcomes[act.checkpoint_id] = f"aborted: {act.reason}"
 
 
 class SplitClient:

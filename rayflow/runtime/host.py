@@ -24,13 +24,29 @@ from typing import Any
 import numpy as np
 import ray
 
-from rayflow.batches import Barrier, Batch, EndOfStream, Tick, brief, concat, num_rows
-from rayflow.config import StreamOptions
-from rayflow.connectors.base import SinkSpec
+from rayflow.batches import (
+    Barrier,
+    Batch,
+    EndOfStream,
+    Tick,
+    Watermark,
+    brief,
+    concat,
+    num_rows,
+    rows,
+)
+from rayflow.config import RayflowConfig, StreamOptions, set_current
+from rayflow.connectors.base import FINAL_EPOCH, SinkSpec
 from rayflow.dataflow import Step
-from rayflow.errors import StepError
+from rayflow.errors import START_UP, StepError
 from rayflow.metrics import LatencyRecorder, StepCounters
 from rayflow.operators.base import DeadLetter, Output, StepContext, describe_exception
+from rayflow.operators.watermarks import (
+    InputWatermarks,
+    SourcePosition,
+    SplitWatermarks,
+    split_position,
+)
 from rayflow.runtime.channel import Emitter, unwrap
 from rayflow.runtime.plan import OutEdge
 
@@ -68,13 +84,26 @@ class StepTask:
         self._aligning: Barrier | None = None
         self._trigger: Barrier | None = None
         self._drain = True  # end of stream flushes open windows, unless after a savepoint
+        self._ended = False  # end of stream handled (a committing sink may still hold data)
+        # restored from its final state: it drained before the failure, so its end of stream
+        # must not flush (emit its open windows) a second time
+        self.restored_final = False
         self._last_tick = 0.0
         self._snapshots: list[tuple[int, Any]] = []  # this instance's, not yet subsumed
         self._acks: list = []  # acks sent to the coordinator and maybe not yet handled
         self.emitter: Emitter | None = None
         self._ray_metrics = _RayMetrics(ctx)
+        self._strategy = getattr(step, "watermarks", None)  # sources: EventTime or None
+        self._wm_gen: SplitWatermarks | None = None
+        self._valve: InputWatermarks | None = None
+        self._input_index = {e.upstream: n for n, e in enumerate(step.inputs)}
         if step.kind == "source":
+            resume_state, wm_state = split_position(resume_state)
             self.reader = step.spec.build(ctx, resume_state)
+            if self._strategy is not None:
+                self._wm_gen = SplitWatermarks(
+                    self._strategy.max_delay_s, self._strategy.idle_timeout_s,
+                    _splits(self.reader), wm_state, time.monotonic())
         elif step.kind == "sink":
             self.writer = step.spec.build(ctx, resume_state)
         else:
@@ -87,6 +116,7 @@ class StepTask:
         self.emitter = Emitter((self.ctx.step_id, self.ctx.instance), edges, handles,
                                self.opts.channel_bytes, self.opts.channel_calls, local)
         self._inputs = list(inputs)
+        self._valve = InputWatermarks(self._inputs)
         return True
 
     # -- source loop ---------------------------------------------------------------------
@@ -106,6 +136,9 @@ class StepTask:
         first = in_time = 0.0
         self._last_tick = time.monotonic()
         try:
+            gen = self._wm_gen
+            if gen is not None and gen.emitted > -np.inf:  # restored: say where we were
+                emitter.emit_control(Watermark(gen.emitted))
             while not self._stop.is_set():
                 t0 = time.perf_counter()
                 ch0 = emitter.chained_s
@@ -115,6 +148,8 @@ class StepTask:
                     items, ev = got
                     n = num_rows(items)
                     if n:
+                        if gen is not None:
+                            ev = self._stamp(items, ev)
                         if not pending:
                             first, in_time = time.perf_counter(), time.time()
                         parts.append(items)
@@ -131,9 +166,11 @@ class StepTask:
                         ray.get(self.coordinator.position.remote(self._key(), reader.snapshot()))
                     self._emit_parts(parts, times, in_time)
                     parts, times, pending = [], [], 0
+                    if gen is not None:
+                        self._advance_watermark()
                 if barrier is not None:
                     self._trigger = None
-                    self._ack(barrier.checkpoint_id, reader.snapshot())
+                    self._ack(barrier.checkpoint_id, self._position())
                     emitter.emit_control(barrier)
                     if barrier.stop_after:
                         self._drain = False
@@ -141,6 +178,8 @@ class StepTask:
                 elif got is None:
                     if reader.exhausted:
                         break
+                    if gen is not None and not pending:
+                        self._advance_watermark()  # splits may have gone idle
                     now = time.monotonic()
                     if now - self._last_tick >= self.tick_s:
                         self._last_tick = now
@@ -152,7 +191,7 @@ class StepTask:
             emitter.emit_eos(self._drain)
             emitter.drain()
             if self.coordinator is not None:
-                self._task_finished()
+                self._task_finished(self._position())
         except BaseException as exc:
             self._fail(exc)
             raise self._error from None
@@ -161,6 +200,41 @@ class StepTask:
             reader.close()
             self._done.set()
         return self.counters.as_dict()
+
+    def _stamp(self, items: Any, ev: np.ndarray | None) -> np.ndarray:
+        """Event times of a polled batch under the source's watermark strategy (its timestamp
+        function, or the reader's times), recorded per split. Records that arrive while the
+        instance is idle make it active again first."""
+        ts = self._strategy.timestamp
+        if ts is not None:
+            ev = np.fromiter((ts(r) for r in rows(items)), dtype=np.float64,
+                             count=num_rows(items))
+        elif ev is None:
+            raise ValueError(
+                f"source {self.ctx.step_id!r}: watermarks=EventTime() needs event times, and "
+                f"{type(self.step.spec).__name__} gives none: pass EventTime(timestamp=...)")
+        gen, now = self._wm_gen, time.monotonic()
+        gen.set_splits(_splits(self.reader), now)
+        gen.observe(_record_splits(self.reader), ev, now)
+        wake = gen.wake()
+        if wake is not None:
+            self.emitter.emit_control(wake)
+        return ev
+
+    def _advance_watermark(self) -> None:
+        now = time.monotonic()
+        self._wm_gen.set_splits(_splits(self.reader), now)
+        msg = self._wm_gen.advance(now)
+        if msg is not None:
+            self.emitter.emit_control(msg)
+
+    def _position(self) -> Any:
+        """What a source acknowledges at a barrier: the reader's position, with the split
+        watermarks when it makes them."""
+        pos = self.reader.snapshot()
+        if self._wm_gen is None:
+            return pos
+        return SourcePosition(pos, self._wm_gen.snapshot())
 
     def _emit_parts(self, parts: list, times: list, in_time: float) -> None:
         items = parts[0] if len(parts) == 1 else concat(parts)
@@ -206,20 +280,26 @@ class StepTask:
 
     def _handle(self, msg: Any, sender: tuple[str, int]) -> None:
         if isinstance(msg, Batch):
-            self._on_batch(msg)
+            self._on_batch(msg, sender)
         elif isinstance(msg, Barrier):
             self._on_barrier(msg, sender)
+        elif isinstance(msg, Watermark):
+            self._forward_watermark(self._valve.update(sender, msg))
         elif isinstance(msg, Tick):
             self._on_tick(msg)
         elif isinstance(msg, EndOfStream):
             self._finished_inputs.add(sender)
             self._drain = self._drain and msg.drain
+            if msg.drain and len(self._finished_inputs) < len(self._inputs):
+                # a finished input no longer holds event time back (after a savepoint stop
+                # nothing may fire: the open windows are in the savepoint)
+                self._forward_watermark(self._valve.finish(sender))
             if self._aligning is not None:
                 self._maybe_aligned()
             if len(self._finished_inputs) >= len(self._inputs):
                 self._on_eos()
 
-    def _on_batch(self, batch: Batch) -> None:
+    def _on_batch(self, batch: Batch, sender: tuple[str, int]) -> None:
         c = self.counters
         t0 = time.perf_counter()
         ch0 = self.emitter.chained_s
@@ -237,7 +317,9 @@ class StepTask:
                 self._dead_letters(dead)
             c.records_out += n - len(dead or ())
         else:
-            self._emit_output(self.logic.process(batch.items, batch.event_times), batch.in_time)
+            self._emit_output(self.logic.process_input(self._input_index.get(sender[0], 0),
+                                                       batch.items, batch.event_times),
+                              batch.in_time)
         c.busy_s += time.perf_counter() - t0 - (self.emitter.chained_s - ch0)
         self._ray_metrics.batch(n)
 
@@ -261,6 +343,17 @@ class StepTask:
                 self._dead_letters([DeadLetter(self.ctx.step_id, self.ctx.instance,
                                                f"{port} record", r, f"side output {port!r}")
                                     for r in items], force=True)
+
+    def _forward_watermark(self, msg: Watermark | None) -> None:
+        """The instance's watermark advanced (or it turned idle or active): operators fire
+        what it closes, then pass it on, so their output is never behind it."""
+        if msg is None or self.step.kind == "sink":
+            return
+        if not msg.idle:
+            t0, ch0 = time.perf_counter(), self.emitter.chained_s
+            self._emit_output(self.logic.on_watermark(msg.time), time.time())
+            self.counters.busy_s += time.perf_counter() - t0 - (self.emitter.chained_s - ch0)
+        self.emitter.emit_control(msg)
 
     def _on_tick(self, tick: Tick) -> None:
         if self.step.kind == "operator":
@@ -311,13 +404,14 @@ class StepTask:
             self._acks = [r for r in self._acks if not ray.wait([r], timeout=0)[0]]
             self._acks.append(self.coordinator.ack.remote(checkpoint_id, self._key(), handle))
 
-    def _task_finished(self) -> None:
+    def _task_finished(self, handle: Any) -> None:
+        """Tell the coordinator this task ended, with its final state: the checkpoints that
+        follow (and the final one) carry it in place of an ack."""
         # The coordinator runs calls on several threads, so an ack sent just before this
-        # could be handled after it, and the checkpoint (a savepoint, often) would be aborted
-        # for a task that did ack: the acks must have landed first.
+        # could be handled after it: the acks must have landed first.
         ray.get(self._acks)
         self._acks = []
-        self.coordinator.task_finished.remote(self._key())
+        self.coordinator.task_finished.remote(self._key(), handle)
 
     def _key(self) -> tuple[str, int]:
         return (self.ctx.step_id, self.ctx.instance)
@@ -326,14 +420,21 @@ class StepTask:
         """Sources: inject barrier ``checkpoint_id`` before the next batch."""
         self._trigger = Barrier(checkpoint_id, stop_after)
 
-    def notify_complete(self, checkpoint_id: int) -> None:
+    def notify_complete(self, checkpoint_id: int, final: frozenset = frozenset()) -> None:
         """Checkpoint complete: sinks commit its output (second phase of two-phase commit);
         operators delete their older snapshots, which it subsumes (Flink keeps one completed
         checkpoint too). A snapshot this instance was restored from is not its own and stays,
-        as with Flink's default no-claim restore."""
+        as with Flink's default no-claim restore. When the checkpoint holds this task's final
+        state (``final``), a sink commits everything it holds, and then it is done."""
         if self.step.kind == "sink":
             with self._lock:
-                self.writer.commit(checkpoint_id)
+                if self._key() in final:
+                    self.writer.commit(FINAL_EPOCH)
+                    if self._ended and not self._done.is_set():
+                        self.writer.close()
+                        self._done.set()
+                else:
+                    self.writer.commit(checkpoint_id)
         elif self.step.kind == "operator":
             with self._lock:
                 old = [h for c, h in self._snapshots if c < checkpoint_id]
@@ -343,22 +444,33 @@ class StepTask:
 
     # -- end of stream -------------------------------------------------------------------
     def _on_eos(self) -> None:
+        handle, holds = None, False
         if self.step.kind == "sink":
             with self._lock:
-                self.writer.flush()
-                self.writer.close()
+                # what came after the last barrier is the sink's final epoch: a sink that
+                # commits (exactly-once) holds it until a checkpoint with its final state
+                # completes, so a failure before that never leaves it committed twice
+                handle = self.writer.snapshot(FINAL_EPOCH)
+                holds = self.coordinator is not None and self.writer.uncommitted()
+                if not holds:
+                    self.writer.flush()
+                    self.writer.close()
         else:
-            if self._drain:  # a savepoint stop keeps open windows in the snapshot instead
+            # a savepoint stop keeps open windows in the snapshot instead
+            if self._drain and not self.restored_final:
                 self._emit_output(self.logic.on_end(), time.time())
+            handle = self.logic.snapshot() if self.coordinator is not None else None
             self.logic.close()
             self.emitter.emit_eos(self._drain)
             self.emitter.drain()
         if self._dead_writer is not None:
             self._dead_writer.flush()
         self._sync_emitter()
+        self._ended = True
         if self.coordinator is not None:
-            self._task_finished()
-        self._done.set()
+            self._task_finished(handle)
+        if self.step.kind != "sink" or not holds:
+            self._done.set()
 
     def _dead_letters(self, dead: list[DeadLetter], force: bool = False) -> None:
         if self.on_error == "raise" and not force:
@@ -429,18 +541,37 @@ class StepHost:
 
     def __init__(self, members: list[tuple[Step, StepContext, Any]], options: StreamOptions,
                  dead_letter_sink: SinkSpec | None = None, coordinator: Any = None,
-                 tick_s: float = 0.2):
-        self.tasks = {(ctx.step_id, ctx.instance): StepTask(step, ctx, options, dead_letter_sink,
-                                                            resume, coordinator, tick_s)
-                      for step, ctx, resume in members}
-        self.head = next(iter(self.tasks.values()))
+                 tick_s: float = 0.2, config: RayflowConfig | None = None):
+        set_current(config)  # what code inside the steps reads: the job's, not this node's
+        self.tasks: dict[tuple[str, int], StepTask] = {}
+        # A step that fails to build (no such topic, no broker, no directory) must not kill
+        # the actor: Ray would report a dead actor with the cause deep in its tracebacks.
+        # connect() raises the one StepError instead.
+        self.start_error: StepError | None = None
+        for step, ctx, resume in members:
+            try:
+                self.tasks[(ctx.step_id, ctx.instance)] = StepTask(
+                    step, ctx, options, dead_letter_sink, resume, coordinator, tick_s)
+            except Exception as exc:  # noqa: BLE001 - any build error, reported once
+                self.start_error = StepError(ctx.step_id, ctx.instance, START_UP,
+                                             describe_exception(exc))
+                break
+        self.head = next(iter(self.tasks.values()), None)
 
     def _task(self, key: tuple[str, int] | None) -> StepTask:
         return self.head if key is None else self.tasks[tuple(key)]
 
     def connect(self, outputs: dict, handles: dict[str, list[Any]], inputs: dict) -> bool:
+        if self.start_error is not None:
+            raise self.start_error
         for key, task in self.tasks.items():
             task.connect(outputs[key], handles, inputs[key], self.tasks)
+        return True
+
+    def mark_restored_final(self, keys: list) -> bool:
+        """These members were restored from their final state (they had finished)."""
+        for key in keys:
+            self.tasks[tuple(key)].restored_final = True
         return True
 
     @ray.method(concurrency_group="data")
@@ -457,9 +588,9 @@ class StepHost:
         self.head.trigger_checkpoint(checkpoint_id, stop_after)
 
     @ray.method(concurrency_group="control")
-    def notify_complete(self, checkpoint_id: int) -> None:
+    def notify_complete(self, checkpoint_id: int, final: frozenset = frozenset()) -> None:
         for task in self.tasks.values():
-            task.notify_complete(checkpoint_id)
+            task.notify_complete(checkpoint_id, final)
 
     @ray.method(concurrency_group="control")
     def stop(self) -> None:
@@ -484,6 +615,18 @@ class StepHost:
 
         mem = psutil.Process().memory_full_info()
         return {"rss": mem.rss, "uss": mem.uss}
+
+
+def _splits(reader: Any) -> list:
+    """The splits a reader reads now (one split, 0, for readers that do not say)."""
+    fn = getattr(reader, "splits", None)
+    return list(fn()) if fn is not None else [0]
+
+
+def _record_splits(reader: Any) -> Any:
+    """The split of each record of the reader's last poll: an array, or one id for all."""
+    fn = getattr(reader, "record_splits", None)
+    return fn() if fn is not None else 0
 
 
 def _dead_json(d: DeadLetter) -> bytes:

@@ -8,6 +8,10 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
+import os
+import tempfile
+import threading
 import time
 import uuid
 from collections import Counter, defaultdict
@@ -15,15 +19,16 @@ from typing import Any
 
 from rayflow._raycontext import ensure_ray
 from rayflow.batches import concat
-from rayflow.config import RayflowConfig, load_config
+from rayflow.config import RayflowConfig, load_config, with_overrides
 from rayflow.dataflow import Dataflow
-from rayflow.errors import StepError
+from rayflow.errors import START_UP, ConfigError, StepError
 from rayflow.metrics import StepCounters, latency_windows, summarize_latency
 from rayflow.operators.base import Rescaled, StepContext, describe_exception
 from rayflow.runtime.channel import unwrap
 from rayflow.runtime.plan import chains, make_plan
 
 POLL_S = 0.5
+log = logging.getLogger(__name__)
 
 
 class Job:
@@ -44,31 +49,95 @@ class Job:
         self.recoveries: list[dict] = []
         self._checkpoints: list[dict] = []
         self._latest: Any = None
+        self.store_root: str | None = None  # the run's durable checkpoints
+        self._ended = threading.Event()  # the supervisor is done (finished, failed, cancelled)
+        self._cancelled = False
+        self._stop_requested = False
 
     # -- lifecycle -----------------------------------------------------------------------
     def start(self, resume_from: Any = None) -> Job:
-        """Start every instance (from a completed checkpoint when ``resume_from`` is given)."""
-        ray = ensure_ray(self.config.ray.address, self.config.ray.num_cpus,
-                         include_dashboard=self.config.ray.include_dashboard)
-        from rayflow.runtime.coordinator import CoordinatorActor
+        """Start every instance, from a completed checkpoint when ``resume_from`` is given
+        (``job.last_checkpoint()``, or the path of a durable checkpoint or savepoint), and
+        the job's supervisor, which recovers failures whether or not anyone waits."""
+        ensure_ray(self.config.ray.address, self.config.ray.num_cpus,
+                   include_dashboard=self.config.ray.include_dashboard,
+                   namespace=self.config.ray.namespace)
+        from rayflow.checkpoint_store import run_root
 
         self.started_at = time.time()
-        chk = self.config.checkpoint
-        # the coordinator lives beside the driver (soft affinity): it must outlive the loss
-        # of any worker node, since recovery starts by asking it for the last checkpoint
-        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-        here = ray.get_runtime_context().get_node_id()
-        self.coordinator = CoordinatorActor.options(
-            scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=True),
-        ).remote(chk.interval_s, chk.timeout_s)
-        latest = resume_from
+        latest = self._resolve_resume(resume_from)
+        self.store_root = run_root(self.config.checkpoint.state_dir, self.flow.name,
+                                   self.run_id)
+        self.coordinator = self._new_coordinator()
         self._spawn(latest, latest.checkpoint_id + 1 if latest else 1, {})
+        self._latest = latest
         self.ready_at = time.time()
         self.state = "RUNNING"
+        log.info("job %r (run %s) running: %d instances in %d actors, resumed from %s",
+                 self.flow.name, self.run_id, len(self.hosts), len(self.actors()),
+                 getattr(latest, "path", None) or (latest and latest.checkpoint_id))
+        self._supervisor = threading.Thread(target=self._supervise, daemon=True,
+                                            name=f"rayflow-supervisor-{self.flow.name}")
+        self._supervisor.start()
         return self
 
-    def _spawn(self, latest: Any, first_id: int, positions: dict) -> None:
+    def _resolve_resume(self, resume_from: Any) -> Any:
+        """The checkpoint to start from; a path is read from the durable store. The
+        checkpoint's state backend wins over the configuration's (its handles only make
+        sense to it); a different processing guarantee is refused."""
+        if resume_from is None:
+            return None
+        from rayflow.checkpoint import CompletedCheckpoint
+        from rayflow.checkpoint_store import load_checkpoint
+
+        if isinstance(resume_from, (str, os.PathLike)):
+            resume_from = load_checkpoint(os.fspath(resume_from))
+        if not isinstance(resume_from, CompletedCheckpoint):
+            raise ConfigError(f"resume_from: expected job.last_checkpoint() or a checkpoint "
+                              f"path, got {type(resume_from).__name__}")
+        meta, chk = resume_from.meta, self.config.checkpoint
+        if meta.get("processing_guarantee", chk.processing_guarantee) != \
+                chk.processing_guarantee:
+            raise ConfigError(
+                f"resume_from: the checkpoint was taken with processing_guarantee="
+                f"{meta['processing_guarantee']!r}, this job runs with "
+                f"{chk.processing_guarantee!r}; resume with the checkpoint's guarantee")
+        backend = meta.get("state_backend", chk.state_backend)
+        if backend != chk.state_backend or meta.get("state_dir", chk.state_dir) != chk.state_dir:
+            log.warning("resuming with the checkpoint's state backend %r (state_dir %r) "
+                        "instead of the configured %r", backend, meta.get("state_dir"),
+                        chk.state_backend)
+            self.config = self.config.model_copy(update={"checkpoint": chk.model_copy(
+                update={"state_backend": backend, "state_dir": meta.get("state_dir")})})
+        return resume_from
+
+    def _meta(self) -> dict:
+        chk = self.config.checkpoint
+        return {"job": self.flow.name, "run_id": self.run_id,
+                "plan": {s.step_id: s.parallelism for s in self.flow.steps},
+                "state_backend": chk.state_backend, "state_dir": chk.state_dir,
+                "processing_guarantee": chk.processing_guarantee}
+
+    def _new_coordinator(self) -> Any:
+        import ray
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        from rayflow.runtime.coordinator import CoordinatorActor
+
+        chk = self.config.checkpoint
+        # beside the driver (soft affinity): it should outlive the loss of a worker node
+        here = ray.get_runtime_context().get_node_id()
+        return CoordinatorActor.options(
+            scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=True),
+        ).remote(chk.interval_s, chk.timeout_s, store_root=self.store_root, meta=self._meta(),
+                 durable_positions=chk.processing_guarantee == "at_most_once")
+
+    def _spawn(self, latest: Any, first_id: int, positions: dict, fresh_state: bool = False,
+               recovering: bool = False) -> None:
+        """Build, wire and start every instance. ``fresh_state``: operators and sinks start
+        empty (at-most-once recovery: the sources resume past what already left, so old
+        state would emit records a second time). While ``recovering``, a failure is raised
+        as it is, for the supervisor to try again."""
         import ray
 
         from rayflow.runtime.coordinator import SplitClient
@@ -99,6 +168,8 @@ class Job:
                                   n_old)
             if step.kind == "source" and key in positions:
                 resume = positions[key]  # at-most-once: never replay what already left
+            elif fresh_state and step.kind != "source":
+                resume = None
             built[key] = (step, ctx, resume)
         members = self._members()
         for n, (head, keys) in enumerate(members.items()):
@@ -123,22 +194,29 @@ class Job:
                 num_cpus=step.options.get("actor_num_cpus", opts.actor_num_cpus),
                 scheduling_strategy=strategy, **extra,
             ).remote([built[k] for k in keys], opts, self.flow.dead_letter_sink,
-                     self.coordinator, chk.tick_s)
+                     self.coordinator, chk.tick_s, config=self.config)
             for k in keys:
                 self.hosts[k] = actor
         handles: dict[str, list[Any]] = defaultdict(list)
         for key in self.plan.instances():
             handles[key[0]].append(self.hosts[key])
         sources = [k for k in self.hosts if steps[k[0]].kind == "source"]
+        done_before = set(latest.finished_tasks) if latest is not None else set()
         try:
             ray.get([
+                self.hosts[head].mark_restored_final.remote([k for k in keys if k in done_before])
+                for head, keys in members.items() if done_before.intersection(keys)
+            ] + [
                 self.hosts[head].connect.remote(
                     {k: self.plan.outputs[k] for k in keys}, dict(handles),
                     {k: self.plan.inputs[k] for k in keys})
                 for head, keys in members.items()
-            ] + [self.coordinator.attach.remote(dict(self.hosts), sources, first_id, latest)])
+            ] + [self.coordinator.attach.remote(dict(self.hosts), sources, first_id, latest,
+                                                positions)])
         except Exception as exc:  # noqa: BLE001 - a step failed to build (bad config, no topic)
-            self._fail_start(unwrap(exc))
+            if recovering:
+                raise unwrap(exc) from None
+            self._fail_start(self._start_error(exc, members))
         self._runs = {self.hosts[k].run.remote(): k for k in sources}
 
     def _enumerators(self, handles_in: dict, positions: dict) -> dict[str, Any]:
@@ -154,11 +232,29 @@ class Job:
             try:
                 enum = make(step.parallelism, [positions.get(k, handles_in.get(k)) for k in keys])
             except Exception as exc:  # noqa: BLE001 - e.g. no such directory
-                self._fail_start(StepError(step.step_id, 0, "(split enumerator)",
+                self._fail_start(StepError(step.step_id, 0, START_UP,
                                            describe_exception(exc)))
             if enum is not None:
                 out[step.step_id] = enum
         return out
+
+    def _start_error(self, exc: BaseException, members: dict) -> StepError:
+        """One StepError naming the step whose start failed, whatever Ray wrapped it in (a
+        host reports a step that failed to build as a StepError; an actor that died while
+        starting, e.g. its runtime_env failed, is found by asking each host)."""
+        import ray
+
+        cause = unwrap(exc)
+        if isinstance(cause, StepError):
+            return cause
+        for head in members:
+            try:
+                ray.get(self.hosts[head].__ray_ready__.remote(), timeout=30)
+            except Exception as dead:  # noqa: BLE001 - this host is the one
+                cause = unwrap(dead)
+                return StepError(head[0], head[1], START_UP,
+                                 describe_exception(cause).splitlines()[0][:500])
+        return StepError("?", -1, START_UP, describe_exception(cause).splitlines()[0][:500])
 
     def _fail_start(self, error: BaseException) -> None:
         """Starting the instances failed: nothing may keep running; raise ``error``."""
@@ -168,92 +264,231 @@ class Job:
         raise error from None
 
     def _recover(self, cause: BaseException) -> None:
-        """Restore every instance from the last completed checkpoint and go on."""
+        """Restore every instance from the last completed checkpoint and go on. Re-entrant:
+        if it fails (another actor died meanwhile), the supervisor calls it again, from the
+        same checkpoint, until the restart budget is spent. If the coordinator is gone, a
+        new one starts from the durable store."""
         import ray
 
+        from rayflow.checkpoint_store import CheckpointStore
+
         t0 = time.time()
-        restore = ray.get(self.coordinator.detach.remote())
+        self.recoveries.append({
+            "cause": f"{type(cause).__name__}: {str(cause).splitlines()[0][:200] if str(cause) else ''}",
+            "restored_checkpoint": None, "restart_s": None, "at": t0,
+        })
+        log.info("job %r: recovering (%d of at most %d) after %s", self.flow.name,
+                 len(self.recoveries), self.config.checkpoint.max_restarts,
+                 self.recoveries[-1]["cause"])
+        restore = None
+        try:
+            restore = ray.get(self.coordinator.detach.remote(), timeout=30)
+        except Exception:  # noqa: BLE001 - the coordinator is gone
+            log.info("job %r: the coordinator is gone; starting a new one from %s",
+                     self.flow.name, self.store_root)
         # every old instance must be gone before the new ones start (teardown waits for
         # that): an old sink that is still alive could commit an epoch the new sink commits too
-        self._teardown(keep_coordinator=True)
+        self._teardown(keep_coordinator=restore is not None)
+        if restore is None:
+            store = CheckpointStore(self.store_root)
+            latest = store.latest()
+            if latest is None or (self._latest is not None and
+                                  self._latest.checkpoint_id > latest.checkpoint_id):
+                latest = self._latest  # a resumed job's first checkpoint is not ours yet
+            restore = {"latest": latest,
+                       "next_id": (latest.checkpoint_id if latest else 0) + 1,
+                       "positions": store.positions()}
+            self.coordinator = self._new_coordinator()
         latest = restore["latest"]
-        positions = restore["positions"] if self.config.checkpoint.processing_guarantee == \
-            "at_most_once" else {}
-        self._spawn(latest, restore["next_id"], positions)
-        self.recoveries.append({
-            "cause": f"{type(cause).__name__}: {str(cause).splitlines()[0][:200]}",
-            "restored_checkpoint": latest.checkpoint_id if latest else None,
-            "restart_s": round(time.time() - t0, 3),
-            "at": t0,
-        })
+        if latest is not None:
+            self._latest = latest
+        at_most_once = self.config.checkpoint.processing_guarantee == "at_most_once"
+        self.recoveries[-1]["restored_checkpoint"] = latest.checkpoint_id if latest else None
+        self._spawn(latest, restore["next_id"], restore["positions"] if at_most_once else {},
+                    fresh_state=at_most_once, recovering=True)
+        if self._stop_requested:  # a graceful stop asked before the failure still holds
+            ray.get([self.hosts[k].stop.remote() for k in self._runs.values()])
+        self.recoveries[-1]["restart_s"] = round(time.time() - t0, 3)
+        log.info("job %r: recovered from checkpoint %s in %.2f s", self.flow.name,
+                 self.recoveries[-1]["restored_checkpoint"], time.time() - t0)
 
     @property
     def startup_s(self) -> float | None:
         """Seconds from ``start`` until every instance was built and wired."""
         return None if self.ready_at is None else self.ready_at - self.started_at
 
-    def wait(self, timeout_s: float | None = None) -> Job:
-        """Block until the job finishes; raise :class:`StepError` if a step failed.
+    def _supervise(self) -> None:
+        """The job's own watcher (a driver thread): recovers failures as they happen, and
+        ends the job when its sinks have finished."""
+        try:
+            failure: BaseException | None = None
+            while True:
+                if failure is None:
+                    failure = self._watch()
+                    if failure is None:
+                        break
+                if self._cancelled:
+                    return
+                if isinstance(failure, StepError) or \
+                        len(self.recoveries) >= self.config.checkpoint.max_restarts:
+                    self._finish_failed(failure)
+                try:
+                    self._recover(failure)
+                    failure = None
+                except StepError as exc:
+                    self._finish_failed(exc)
+                except Exception as exc:  # noqa: BLE001 - a failure during the recovery
+                    failure = unwrap(exc)
+                    if self._cancelled:
+                        return
+            self._collect()
+            self._finish_clean()
+        except BaseException as exc:  # noqa: BLE001 - kept for wait()
+            if self.error is None and not self._cancelled:
+                self.error = exc
+                self.state = "FAILED"
+                try:
+                    self._teardown()
+                except Exception:  # noqa: BLE001
+                    pass
+        finally:
+            self._ended.set()
 
-        A failure of Ray itself (an actor or node died) is recovered from the last completed
-        checkpoint, up to ``checkpoint.max_restarts`` times; an error in user code is not
-        (it would fail again) and ends the job.
-        """
+    def _watch(self) -> BaseException | None:
+        """Block until the sinks have finished (None) or an instance failed (its error)."""
         import ray
 
-        if self.state not in ("RUNNING", "STOPPING"):
-            if self.error is not None:
-                raise self.error
-            return self
-        deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        while True:
-            sinks = [k for k in self.hosts if self.flow.step(k[0]).kind == "sink"]
-            pending = list(self._runs) + [self.hosts[k].wait_done.remote(None, k)
-                                          for k in sinks]
-            failure = None
-            while pending and failure is None:
-                if deadline is not None and time.monotonic() > deadline:
-                    raise TimeoutError(f"job {self.flow.name!r} still running after {timeout_s}s")
-                ready, pending = ray.wait(pending, num_returns=len(pending), timeout=POLL_S)
-                for ref in ready:
-                    try:
-                        ray.get(ref)
-                    except Exception as exc:  # noqa: BLE001
-                        failure = unwrap(exc)
-                        break
-                if failure is None and pending:
-                    failure = self._poll_failure()
-            if failure is None or (not isinstance(failure, StepError)
-                                   and self._sinks_finished(sinks)):
-                break  # finished (an instance that died after its sinks finished changes nothing)
-            if isinstance(failure, StepError) or \
-                    len(self.recoveries) >= self.config.checkpoint.max_restarts:
-                self._finish_failed(failure)
-            self._recover(failure)
-        self._collect()
+        sinks = [k for k in self.hosts if self.flow.step(k[0]).kind == "sink"]
+        pending = list(self._runs) + [self.hosts[k].wait_done.remote(None, k) for k in sinks]
+        failure = None
+        while pending and failure is None and not self._cancelled:
+            ready, pending = ray.wait(pending, num_returns=len(pending), timeout=POLL_S)
+            for ref in ready:
+                try:
+                    ray.get(ref)
+                except Exception as exc:  # noqa: BLE001
+                    failure = unwrap(exc)
+                    break
+            if failure is None and pending:
+                failure = self._poll_failure()
+        if failure is not None and not isinstance(failure, StepError) and \
+                self._sinks_finished(sinks):
+            return None  # an instance that died after its sinks finished changes nothing
+        return failure
+
+    def _finish_clean(self) -> None:
         self.state = "STOPPED" if self.state == "STOPPING" else "FINISHED"
         self.finished_at = time.time()
         self._teardown()
+        if self.state == "FINISHED":
+            self._clean_state()
+        log.info("job %r %s after %.2f s, %d recoveries", self.flow.name, self.state.lower(),
+                 self.finished_at - self.started_at, len(self.recoveries))
+
+    def _clean_state(self) -> None:
+        """A job that ran to its end leaves nothing to resume: delete its durable
+        checkpoints and the state files its last checkpoint names."""
+        import shutil
+
+        from rayflow.checkpoint_store import CheckpointStore
+
+        try:
+            CheckpointStore(self.store_root).remove()
+        except Exception:  # noqa: BLE001 - best effort
+            pass
+        chk = self.config.checkpoint
+        if chk.state_backend == "memory":
+            return
+        # only what the state backend made: its instance directories of this job (a
+        # source's handle may name input files, which are the user's)
+        base = chk.state_dir or (os.path.join(tempfile.gettempdir(), "rayflow-rocksdb")
+                                 if chk.state_backend == "rocksdb" else None)
+        if not base:
+            return
+        root = os.path.realpath(os.path.join(base, self.flow.name))
+        for path in _paths_in(self._latest.handles if self._latest else {}):
+            real = os.path.realpath(path)
+            if real.startswith(root + os.sep) and os.path.exists(real):
+                if os.path.isdir(real):
+                    shutil.rmtree(real, ignore_errors=True)
+                else:
+                    os.unlink(real)
+
+    def wait(self, timeout_s: float | None = None) -> Job:
+        """Block until the job finishes; raise :class:`StepError` if a step failed.
+
+        A failure of Ray itself (an actor or node died, the coordinator included) is
+        recovered by the job's supervisor from the last completed checkpoint, up to
+        ``checkpoint.max_restarts`` times, whether or not anyone waits; an error in user
+        code is not (it would fail again) and ends the job.
+        """
+        if self.state == "CREATED":
+            raise RuntimeError("the job has not been started")
+        if not self._ended.wait(timeout_s):
+            raise TimeoutError(f"job {self.flow.name!r} still running after {timeout_s}s")
+        if self.error is not None:
+            raise self.error
         return self
 
     def stop(self, timeout_s: float | None = 60.0, savepoint: bool = False) -> Job:
         """Graceful stop: sources end their streams, everything in flight is processed.
 
         With ``savepoint=True`` the sources first take a checkpoint and end exactly there, so
-        ``rayflow.run(flow, resume_from=job.last_checkpoint())`` continues without loss or
-        duplicates.
+        ``rayflow.run(flow, resume_from=job.last_checkpoint())`` (or the savepoint's path,
+        ``job.last_checkpoint().path``) continues without loss or duplicates. A failure
+        during the savepoint is recovered and the savepoint taken again.
         """
         import ray
 
         if self.state == "RUNNING":
             self.state = "STOPPING"
             if savepoint:
-                cid = ray.get(self.coordinator.savepoint.remote(True, timeout_s or 60.0))
-                if not isinstance(cid, int):
-                    raise TimeoutError(f"the savepoint did not complete: {cid}")
+                self._savepoint(timeout_s or 60.0)
             else:
-                ray.get([self.hosts[k].stop.remote() for k in self._runs.values()])
+                self._stop_requested = True
+                try:
+                    ray.get([self.hosts[k].stop.remote() for k in list(self._runs.values())],
+                            timeout=30)
+                except Exception:  # noqa: BLE001 - a recovery in progress re-sends it
+                    pass
         return self.wait(timeout_s)
+
+    def _savepoint(self, timeout_s: float) -> None:
+        import ray
+
+        deadline = time.monotonic() + timeout_s
+        why = "no checkpoint could start"
+        while time.monotonic() < deadline and not self._ended.is_set():
+            try:
+                got = ray.get(self.coordinator.request_savepoint.remote(), timeout=10)
+            except Exception as exc:  # noqa: BLE001 - coordinator gone: the supervisor acts
+                got, why = None, f"coordinator unavailable ({type(exc).__name__})"
+            if isinstance(got, str):
+                return  # the job has finished: its final checkpoint is where it stopped
+            if isinstance(got, int):
+                while time.monotonic() < deadline and not self._ended.is_set():
+                    try:
+                        outcome = ray.get(self.coordinator.outcome.remote(got), timeout=10)
+                    except Exception:  # noqa: BLE001
+                        outcome = "aborted: coordinator unavailable"
+                    if outcome == "completed":
+                        log.info("job %r: savepoint %d complete", self.flow.name, got)
+                        return
+                    if outcome is not None:
+                        why = f"savepoint {got} {outcome}"
+                        break  # aborted (a failure): the supervisor recovers; ask again
+                    time.sleep(0.02)
+            time.sleep(0.05)
+        if self._ended.is_set():
+            return
+        try:
+            missing = ray.get(self.coordinator.missing_acks.remote(), timeout=10)
+        except Exception:  # noqa: BLE001
+            missing = []
+        self.state = "RUNNING"
+        raise TimeoutError(f"the savepoint did not complete in {timeout_s:.0f} s ({why}"
+                           f"{'; no acks from ' + str(missing) if missing else ''}); "
+                           f"the job goes on running")
 
     def rescale(self, parallelism: dict[str, int], timeout_s: float = 60.0) -> Job:
         """Change steps' parallelism on a running job: stop at a savepoint, then start the
@@ -274,11 +509,28 @@ class Job:
         return job
 
     def last_checkpoint(self) -> Any:
-        """The last completed checkpoint (a picklable object to ``resume_from``), or None."""
+        """The last completed checkpoint (to pass as ``resume_from``; its ``path`` is where
+        the durable copy lies, resumable by a new driver), or None. It outlives the
+        coordinator and the job: after a failure it is read from the durable store."""
         import ray
 
         if self.coordinator is not None:
-            self._latest = ray.get(self.coordinator.latest.remote())
+            try:
+                got = ray.get(self.coordinator.latest.remote(), timeout=30)
+                if got is not None:
+                    self._latest = got
+            except Exception:  # noqa: BLE001 - the coordinator is gone: the store knows
+                pass
+        if self.store_root is not None:
+            from rayflow.checkpoint_store import CheckpointStore
+
+            try:
+                stored = CheckpointStore(self.store_root).latest()
+            except Exception:  # noqa: BLE001 - removed after a finished job
+                stored = None
+            if stored is not None and (self._latest is None or
+                                       stored.checkpoint_id > self._latest.checkpoint_id):
+                self._latest = stored
         return self._latest
 
     def checkpoints(self) -> list[dict]:
@@ -286,13 +538,20 @@ class Job:
         import ray
 
         if self.coordinator is not None:
-            self._checkpoints = ray.get(self.coordinator.checkpoints.remote())
+            try:
+                self._checkpoints = ray.get(self.coordinator.checkpoints.remote(), timeout=30)
+            except Exception:  # noqa: BLE001 - the coordinator is gone: what we saw last
+                pass
         return self._checkpoints
 
     def cancel(self) -> None:
-        """Kill every actor now; in-flight records are lost."""
+        """Kill every actor now; in-flight records are lost. The durable checkpoints stay,
+        so the job can be resumed from ``last_checkpoint()``."""
+        self._cancelled = True
+        self.last_checkpoint()
         self.state = "CANCELLED"
         self._teardown()
+        self._ended.set()
 
     def status(self) -> str:
         return self.state
@@ -325,20 +584,27 @@ class Job:
                 return unwrap(exc)
             if st["error"] is not None:
                 return st["error"]
+        try:  # the coordinator too: sinks wait for it to commit their last epoch
+            ray.get(self.coordinator.__ray_ready__.remote(), timeout=30)
+        except Exception as exc:  # noqa: BLE001 - it is gone
+            return unwrap(exc)
         return None
 
     def _finish_failed(self, exc: BaseException) -> None:
         if not isinstance(exc, StepError):
             exc = StepError("?", -1, "-", f"{type(exc).__name__}: {exc}")
-        if self.recoveries:  # a new error, so that its message carries the note too
-            exc = StepError(exc.step_id, exc.instance, exc.record,
-                            f"{exc.reason} (after {len(self.recoveries)} recoveries)")
-        self.error = exc
-        self.state = "FAILED"
         try:
             self._collect()
         except Exception:  # noqa: BLE001 - keep the first error
             pass
+        note = f" (after {len(self.recoveries)} recoveries)" if self.recoveries else ""
+        latest = self._latest
+        if latest is not None and latest.path and not latest.final:
+            note += f"; resume with rayflow.run(flow, resume_from={latest.path!r})"
+        if note:  # a new error, so that its message carries the note too
+            exc = StepError(exc.step_id, exc.instance, exc.record, f"{exc.reason}{note}")
+        self.error = exc
+        self.state = "FAILED"
         self.finished_at = time.time()
         self._teardown()
         raise exc
@@ -346,9 +612,8 @@ class Job:
     def _collect(self) -> None:
         import ray
 
-        if self.coordinator is not None:
-            self._latest = ray.get(self.coordinator.latest.remote())
-            self._checkpoints = ray.get(self.coordinator.checkpoints.remote())
+        self.last_checkpoint()
+        self.checkpoints()
         refs = {k: h.final.remote(k) for k, h in self.hosts.items()}
         self._finals = {}
         for k, ref in refs.items():
@@ -392,7 +657,18 @@ class Job:
 
     # -- results -------------------------------------------------------------------------
     def collect(self, step_id: str) -> Any:
-        """Records a :class:`CollectSink` step received, instance 0 first."""
+        """Records a :class:`CollectSink` step received, instance 0 first.
+
+        Raises:
+            ConfigError: ``step_id`` is not a sink step of this job (the message names them).
+        """
+        sinks = [s.step_id for s in self.flow.steps if s.kind == "sink"]
+        if step_id not in sinks:
+            kind = {s.step_id: s.kind for s in self.flow.steps}.get(step_id)
+            what = (f"{step_id!r} is {'an' if kind == 'operator' else 'a'} {kind} step, not "
+                    f"a sink of job {self.flow.name!r}" if kind else
+                    f"job {self.flow.name!r} has no step {step_id!r}")
+            raise ConfigError(f"collect: {what}; its sinks: {', '.join(map(repr, sinks))}")
         parts = [f["result"] for (s, i), f in sorted(self._finals.items()) if s == step_id]
         parts = [p for p in parts if p is not None]
         return concat(parts) if parts else []
@@ -435,6 +711,19 @@ class Job:
         return n / (last - first) if last > first else 0.0
 
 
+def _paths_in(obj: Any) -> list[str]:
+    """Every string inside a (nested) state handle: the candidates for state files."""
+    if isinstance(obj, str):
+        return [obj]
+    if isinstance(obj, dict):
+        return [p for v in obj.values() for p in _paths_in(v)]
+    if isinstance(obj, (list, tuple)):
+        return [p for v in obj for p in _paths_in(v)]
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return [p for f in dataclasses.fields(obj) for p in _paths_in(getattr(obj, f.name))]
+    return []
+
+
 def _spread_nodes() -> list[str]:
     """IDs of the alive nodes with CPUs, in a stable order (empty on a single node)."""
     import ray
@@ -468,10 +757,17 @@ def run(flow: Dataflow, *, config: RayflowConfig | None = None, background: bool
         config: the configuration; ``load_config(**overrides)`` when None.
         background: return as soon as the job runs (then ``job.wait()`` or ``job.stop()``).
         timeout_s: how long ``wait`` may take when not in the background.
-        resume_from: a completed checkpoint (``job.last_checkpoint()``) to start from.
-        **overrides: configuration sections, e.g. ``stream={"batch_size": 1000}``.
+        resume_from: a completed checkpoint to start from: ``job.last_checkpoint()``, or
+            the path of a durable checkpoint or savepoint (``job.last_checkpoint().path``,
+            or a run directory under ``{state_dir}/checkpoints/{flow}/``: its newest).
+            ``rayflow run --resume PATH`` sets it for a job script
+            (``RAYFLOW_RESUME_FROM``).
+        **overrides: configuration sections merged over ``config`` (or over
+            ``load_config()``), e.g. ``stream={"batch_size": 1000}``.
     """
-    config = config or load_config(**overrides)
+    config = load_config(**overrides) if config is None else with_overrides(config, **overrides)
+    if resume_from is None and os.environ.get("RAYFLOW_RESUME_FROM"):
+        resume_from = os.environ["RAYFLOW_RESUME_FROM"]  # `rayflow run --resume PATH`
     job = Job(flow, config).start(resume_from)
     if not background:
         job.wait(timeout_s)

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import io
 import math
 import os
 import time
+from pathlib import Path
 
 import cv2
 import numpy as np
@@ -22,9 +24,11 @@ from rayflow.connectors.images import (
     PngDiscardSink,
     SyntheticImageSource,
     _KafkaImageReader,
+    _split_resume_state,
     chunk_image,
     decode_image,
     encode_image,
+    may_hold_frames,
     png_size,
     synthetic_image,
     write_image_set,
@@ -225,42 +229,255 @@ def test_sinks_encode_write_and_dead_letter_what_cannot_be_encoded(tmp_path):
     assert not list((tmp_path / "out").glob(".*tmp"))
 
 
-class _FakeKafka:
-    """Stands in for KafkaSource(with_metadata=True)'s reader: yields messages in given polls."""
+def test_directory_sink_keeps_relative_paths_and_never_overwrites(tmp_path):
+    src, out = tmp_path / "in", tmp_path / "out"
+    imgs = {src / "a" / "shot.png": synthetic_image(0, 12, 9),
+            src / "b" / "shot.png": synthetic_image(1, 12, 9),
+            src / "photo.jpg": synthetic_image(2, 12, 9),
+            src / "photo.png": synthetic_image(3, 12, 9)}
+    records = [(str(k), v) for k, v in imgs.items()]
+    writer = DirectorySink(str(out), relative_to=str(src)).build(CTX)
+    dead = writer.write(records, None, 0.0)
+    written = sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file())
+    assert written == ["a/shot.png", "b/shot.png", "photo.png"]
+    for rel, key in [("a/shot.png", src / "a" / "shot.png"), ("b/shot.png", src / "b" / "shot.png"),
+                     ("photo.png", src / "photo.jpg")]:
+        assert np.array_equal(cv2.imread(str(out / rel), cv2.IMREAD_UNCHANGED), imgs[key])
+    (d,) = dead  # photo.png would have replaced what photo.jpg became
+    assert d.where == str(src / "photo.png") and d.step_id == "s"
+    assert d.reason == (f"FileExistsError: 'photo.png' was already written by "
+                        f"{str(src / 'photo.jpg')!r}; {str(src / 'photo.png')!r} is not "
+                        f"written over it")
+    assert writer.result()[0]["images"] == 3
+    # the same record again (replayed after a restore) is no collision; other content from
+    # a fresh writer (an earlier run's file) is
+    assert writer.write(records[:1], None, 0.0) == []
+    again = DirectorySink(str(out), relative_to=str(src)).build(CTX)
+    (d,) = again.write([(str(src / "a" / "shot.png"), synthetic_image(9, 12, 9))], None, 0.0)
+    assert "'a/shot.png' exists with other content" in d.reason
+    assert np.array_equal(cv2.imread(str(out / "a/shot.png"), -1), imgs[src / "a" / "shot.png"])
+    # keys with no place under the output directory
+    bad = DirectorySink(str(out), relative_to=str(src)).build(CTX).write(
+        [("/elsewhere/x.png", imgs[src / "photo.png"]), ("../up.png", imgs[src / "photo.png"])],
+        None, 0.0)
+    assert [d.reason for d in bad] == [
+        "ValueError: key '/elsewhere/x.png' is not under relative_to=" + repr(str(src)),
+        "ValueError: key '../up.png' names no file inside the output directory"]
+    assert not list(out.rglob(".*tmp"))
+    # without relative_to: relative keys keep their folders, absolute ones their name
+    sink = DirectorySink(str(out), ext=".tif")
+    assert sink.output_name("a/b/c.jpg") == Path("a/b/c.tif")
+    assert sink.output_name("/data/in/a/c.jpg") == Path("c.tif")
+    assert sink.output_name("imgs/0@17") == Path("imgs/0@17.tif")
 
-    def __init__(self, polls):
-        self.polls = list(polls)
+
+def _exif_jpeg(img_rgb: np.ndarray, orientation: int) -> bytes:
+    from PIL import Image
+
+    pil = Image.fromarray(img_rgb)
+    exif = pil.getexif()
+    exif[0x0112] = orientation
+    buf = io.BytesIO()
+    pil.save(buf, "JPEG", exif=exif.tobytes(), quality=95)
+    return buf.getvalue()
+
+
+def test_decode_applies_exif_orientation_like_imread_and_keeps_depth_and_alpha(tmp_path):
+    img = synthetic_image(4, 30, 50)
+    img[:8, :12] = 255  # a mark in the stored top-left corner
+    path = tmp_path / "phone.jpg"
+    path.write_bytes(_exif_jpeg(img[:, :, ::-1].copy(), 6))  # 6: turn 90 degrees clockwise
+    data = path.read_bytes()
+    upright = cv2.imread(str(path))  # cv2.imread's default applies the orientation
+    stored = cv2.imread(str(path), cv2.IMREAD_UNCHANGED)
+    assert upright.shape == (50, 30, 3) and stored.shape == (30, 50, 3)
+    assert np.array_equal(upright, cv2.rotate(stored, cv2.ROTATE_90_CLOCKWISE))
+    out = _decode_all([("phone.jpg", data)])
+    assert np.array_equal(out.items[0][1], upright)
+    assert np.array_equal(_decode_all([("p", data)], mode="color").items[0][1], upright)
+    assert np.array_equal(_decode_all([("p", data)], mode="gray").items[0][1],
+                          cv2.imread(str(path), cv2.IMREAD_GRAYSCALE))
+    assert np.array_equal(_decode_all([("p", data)], orientation=False).items[0][1], stored)
+    # "unchanged" still keeps alpha and 16 bits (what IMREAD_UNCHANGED would)
+    rgba = np.dstack([synthetic_image(5, 9, 7), np.full((9, 7), 77, np.uint8)])
+    deep = (synthetic_image(6, 9, 7, 1).astype(np.uint16) * 257)
+    for im in (rgba, deep):
+        (got,) = _decode_all([("k", encode_image(im))]).items
+        assert got[1].dtype == im.dtype and np.array_equal(got[1], im)
+    with pytest.raises(ValueError, match="unknown mode 'rgb'"):
+        DecodeImage(mode="rgb")
+    with pytest.raises(ValueError, match="unknown frames 'last'"):
+        DecodeImage(frames="last")
+
+
+def _pages(fmt: str, n: int = 3) -> tuple[bytes, list[np.ndarray]]:
+    from PIL import Image
+
+    rgb = [synthetic_image(i, 8, 10)[:, :, ::-1].copy() for i in range(n)]
+    buf = io.BytesIO()
+    extra = {"lossless": True} if fmt == "WEBP" else {}
+    Image.fromarray(rgb[0]).save(buf, fmt, save_all=True,
+                                 append_images=[Image.fromarray(p) for p in rgb[1:]], **extra)
+    return buf.getvalue(), rgb
+
+
+@pytest.mark.parametrize("fmt", ["TIFF", "GIF", "PNG", "WEBP"])
+def test_multi_frame_inputs_are_counted_or_split_or_dead_lettered(fmt, tmp_path, caplog):
+    data, _ = _pages(fmt)
+    path = tmp_path / f"scan.{fmt.lower()}"
+    path.write_bytes(data)
+    ok, want = cv2.imreadmulti(str(path), flags=cv2.IMREAD_UNCHANGED)
+    assert ok and len(want) == 3 and may_hold_frames(data)
+    logic = DecodeImage().build(CTX)
+    logic.open()
+    with caplog.at_level("WARNING", logger="rayflow.images"):
+        out = logic.process([("scan", data), ("plain", _png())], None)
+    assert [k for k, _ in out.items] == ["scan", "plain"]
+    assert np.array_equal(out.items[0][1], cv2.imread(str(path), cv2.IMREAD_UNCHANGED))
+    assert logic.multi_frame_inputs == 1 and "holds 3 frames" in caplog.text
+    out = _decode_all([("d/scan.tif", data)], frames="all")
+    assert [k for k, _ in out.items] == [f"d/scan-frame{i}.tif" for i in range(3)]
+    assert all(np.array_equal(g, w) for (_, g), w in zip(out.items, want))
+    assert out.event_times.tolist() == [0.0, 0.0, 0.0]
+    out = _decode_all([("scan", data), ("plain", _png())], frames="dead_letter")
+    assert [k for k, _ in out.items] == ["plain"] and out.event_times.tolist() == [1.0]
+    assert out.dead[0].reason.startswith("3 frames in one file")
+    # one frame of the same formats is no multi-frame input
+    single, _ = _pages(fmt, 1)
+    assert len(_decode_all([("one", single)], frames="dead_letter").items) == 1
+    assert not may_hold_frames(_png()) and not may_hold_frames(encode_image(
+        synthetic_image(0, 8, 8), ".jpg"))
+
+
+def test_images_deeper_than_their_format_are_dead_letters_not_8_bit_files(tmp_path):
+    deep = [("a.png", synthetic_image(0, 6, 5).astype(np.uint16) * 257),
+            ("f.png", synthetic_image(1, 6, 5).astype(np.float32) / 255)]
+    for ext, ok in [(".jpg", []), (".png", ["a.png"]), (".tif", ["a.png", "f.png"])]:
+        sink = DirectorySink(str(tmp_path / ext[1:]), ext=ext).build(CTX)
+        dead = sink.write(deep, None, 0.0)
+        assert sorted(d.where for d in dead) == sorted({"a.png", "f.png"} - set(ok)), ext
+        for d in dead:
+            assert f"{ext} cannot hold" in d.reason and "pixels" in d.reason
+        for key in ok:
+            back = cv2.imread(str(tmp_path / ext[1:] / Path(key).with_suffix(ext)), -1)
+            assert back.dtype == dict(deep)[key].dtype and np.array_equal(back, dict(deep)[key])
+    with pytest.raises(ValueError, match=r"\.jpg cannot hold uint16 pixels \(OpenCV would "
+                                         r"write them as uint8\)"):
+        encode_image(deep[0][1], ".jpg")
+
+
+class _FakeTopic:
+    """Stands in for KafkaSource(with_metadata=True)'s reader over fixed partitions: each
+    poll returns the next ``per_poll`` messages of one partition, round robin."""
+
+    def __init__(self, partitions: dict[int, list[bytes]], start=None, per_poll: int = 1):
+        self.msgs, self.per_poll = partitions, per_poll
+        if isinstance(start, Rescaled):  # as KafkaSource's reader: every old instance's
+            start = {p: o for h in start.handles for p, o in h.items()}
+        self.next = {p: int((start or {}).get(p, 0)) for p in partitions}
+        self.turn = 0
 
     def poll(self, max_records, timeout_s):
-        if not self.polls:
+        live = [p for p in sorted(self.msgs) if self.next[p] < len(self.msgs[p])]
+        if not live:
             return None
-        msgs = self.polls.pop(0)
-        return [KafkaMessage(0, off, v) for off, v in msgs], np.full(len(msgs), 1000.0)
+        p = live[self.turn % len(live)]
+        self.turn += 1
+        lo = self.next[p]
+        hi = min(lo + self.per_poll, len(self.msgs[p]))
+        self.next[p] = hi
+        return ([KafkaMessage(p, o, self.msgs[p][o]) for o in range(lo, hi)],
+                np.full(hi - lo, 1000.0))
 
     @property
     def exhausted(self):
-        return not self.polls
+        return all(self.next[p] >= len(m) for p, m in self.msgs.items())
+
+    def snapshot(self):
+        return dict(self.next)
 
 
-def test_chunked_images_are_reassembled_and_incomplete_ones_reported():
-    a, b = os.urandom(2500), os.urandom(2200)
-    ca, cb = chunk_image(a, "a.png", 1000), chunk_image(b, "b.png", 1000)
-    assert len(ca) == 3 and all(len(m) <= 1000 for m in ca + cb)
-    interleaved = [ca[0], cb[0], ca[1], ca[2], cb[1]]  # b's third chunk never comes
-    raw = b"\x89PNG plain message"
-    msgs = [(i, m) for i, m in enumerate(interleaved + [raw])]
-    spec = KafkaImageSource("imgs")
-    reader = _KafkaImageReader(spec, _FakeKafka([msgs[:3], msgs[3:]]))
+def _image_reader(partitions, state=None, per_poll=1, **kw):
+    offsets, skip = _split_resume_state(state)
+    return _KafkaImageReader(KafkaImageSource("imgs", **kw),
+                             _FakeTopic(partitions, offsets, per_poll), skip)
+
+
+def _read(reader, polls=None):
     got = []
-    while not reader.exhausted:
+    while not reader.exhausted and (polls is None or polls > 0):
         polled = reader.poll(100, 0)
         if polled:
             got.extend(polled[0])
-    assert got[0] == ("imgs/0@0", a)  # where = offset of the first chunk
-    assert got[1] == ("imgs/0@5", raw)
-    assert got[2][0] == "imgs/0@1" and isinstance(got[2][1], BadInput)
-    assert "2 of 3 chunks" in got[2][1].reason
+        polls = None if polls is None else polls - 1
+    return got
+
+
+def test_chunked_images_are_reassembled_keyed_by_name_and_incomplete_ones_reported():
+    a, b = os.urandom(2500), os.urandom(2200)
+    ca, cb = chunk_image(a, "dir/a.png", 1000), chunk_image(b, "b.png", 1000)
+    assert len(ca) == 3 and all(len(m) <= 1000 for m in ca + cb)
+    raw = b"\x89PNG plain message"
+    # b's third chunk never comes
+    got = _read(_image_reader({0: [ca[0], cb[0], ca[1], ca[2], cb[1], raw]}, per_poll=3))
+    assert got[0] == ("dir/a.png", a)  # the key the sink was given, not the offset
+    assert got[1] == ("imgs/0@5", raw)  # a message without a header: its position
+    assert got[2][0] == "b.png" and isinstance(got[2][1], BadInput)
+    assert got[2][1].reason == ("incomplete chunked image 'b.png' (first chunk at imgs/0@1): "
+                                "2 of 3 chunks at end of topic")
     assert len(got) == 3
+    with pytest.raises(ValueError, match="image key of 1025 bytes"):
+        chunk_image(a, "k" * 1025, 1000)
+
+
+def test_a_checkpoint_inside_an_image_rewinds_to_its_first_chunk_and_skips_the_rest():
+    # two partitions; images interleaved with each other and with whole messages, so every
+    # cut leaves images partly read, some of whose later neighbours were delivered already
+    rng = np.random.default_rng(5)
+    blobs = {f"img{i}.png": rng.bytes(int(rng.integers(1500, 4000))) for i in range(6)}
+    chunks = {k: chunk_image(v, k, 700) for k, v in blobs.items()}
+
+    def interleave(keys, extra):
+        out, queues = [], [list(chunks[k]) for k in keys]
+        while any(queues):
+            for q in queues:
+                if q:
+                    out.append(q.pop(0))
+            if extra:
+                out.append(extra.pop(0))
+        return out
+
+    parts = {0: interleave(["img0.png", "img1.png", "img2.png"], [b"whole-0", b"whole-1"]),
+             1: interleave(["img3.png", "img4.png"], [b"whole-2"]) + chunks["img5.png"]}
+    want = sorted(_read(_image_reader(parts)))
+    assert [k for k, _ in want if k.endswith(".png")] == sorted(blobs)
+    assert all(v == blobs[k] for k, v in want if k in blobs)
+    total = sum(len(m) for m in parts.values())
+    for cut in range(1, total):
+        first = _image_reader(parts)
+        got = _read(first, polls=cut)
+        state = first.snapshot()
+        assert set(state) == {"offsets", "skip"}
+        second = _image_reader(parts, state)
+        got += _read(second, polls=cut // 2)  # a second checkpoint, from the restored one
+        got += _read(_image_reader(parts, second.snapshot()))
+        assert sorted(got) == want, cut
+
+
+def test_restored_image_reader_takes_the_skips_of_its_partitions_after_a_rescale():
+    a = os.urandom(2500)
+    ca = chunk_image(a, "a.png", 1000)
+    assert len(ca) == 3
+    parts = {0: [ca[0], b"w0", ca[1], b"w1", ca[2]], 1: [b"w2", b"w3"]}
+    r0 = _image_reader({0: parts[0]})
+    got = _read(r0, polls=4)  # a0, w0, a1, w1
+    state0 = r0.snapshot()
+    assert state0 == {"offsets": {0: 0}, "skip": {0: [(1, 2), (3, 4)]}}
+    resc = Rescaled((state0, {"offsets": {1: 1}, "skip": {}}), 2)
+    r = _image_reader(parts, resc)
+    got += _read(r)
+    assert sorted(got) == sorted([("imgs/0@1", b"w0"), ("imgs/0@3", b"w1"), ("a.png", a),
+                                  ("imgs/1@1", b"w3")])
 
 
 def test_kafka_round_trip_of_images_over_one_megabyte(ray_session, kafka_broker, new_topic):
@@ -283,7 +500,7 @@ def test_kafka_round_trip_of_images_over_one_megabyte(ray_session, kafka_broker,
     assert len(got) == 4 and not job.dead_letters()
     want = sorted(img.tobytes() for _, img in images)
     assert sorted(img.tobytes() for _, img in got) == want
-    assert all(k.startswith(f"{topic}/") and "@" in k for k, _ in got)
+    assert sorted(k for k, _ in got) == sorted(k for k, _ in images)  # names carried through
 
     # without chunking a large image is a dead letter that names the limit
     n = rf.Dataflow("img-kafka-nochunk")

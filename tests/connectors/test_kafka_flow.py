@@ -102,3 +102,32 @@ def test_oversize_records_go_to_dead_letters(ray_session, kafka_broker, new_topi
     dead = job.dead_letters()
     assert len(dead) == 1 and "5000 bytes > max_message_bytes=1000" in dead[0].reason
     assert job.metrics()["out"]["dead_letters"] == 1
+
+
+def test_every_client_of_an_exactly_once_sink_gets_the_connection_options(kafka_broker,
+                                                                          new_topic):
+    """The producer and the consumer the sink reads its topic back with are both built with
+    the user's security and identity options; producer-only options stay with the producer;
+    the job's kafka.options (config) reach them under the sink's own."""
+    from rayflow.config import load_config, set_current
+    from rayflow.operators.base import StepContext
+
+    topic = new_topic(1)
+    sink = rf.KafkaSink(topic, bootstrap=kafka_broker.bootstrap,
+                        options={"security_protocol": "PLAINTEXT", "client_id": "rf-sec",
+                                 "linger_ms": 7}, transactional_id_prefix="team-a")
+    set_current(load_config(kafka={"options": {"ssl_check_hostname": False}}))
+    try:
+        w = sink.build(StepContext("out", 0, 1, "sec", guarantee="exactly_once", run_id="r1"))
+    finally:
+        set_current(None)
+    try:
+        assert w.p.config["transactional_id"] == "team-a-out-0"
+        for built in (w.p.config, w.scanner.options):
+            assert built["security_protocol"] == "PLAINTEXT"
+            assert built["client_id"] == "rf-sec"
+            assert built["ssl_check_hostname"] is False
+        assert w.p.config["linger_ms"] == 7 and "linger_ms" not in w.scanner.options
+        assert w.scanner.options["isolation_level"] == "read_committed"
+    finally:
+        w.close()

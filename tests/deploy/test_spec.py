@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import re
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -150,3 +152,61 @@ def test_cli_validate_ok_json_and_error(tmp_path):
     assert js.exit_code == 1
     doc = json.loads(js.stdout)
     assert doc["valid"] is False and doc["path"] == "available_node_types.cpu_worker.resourcez"
+
+
+def _without_setup(cfg):
+    del cfg["setup_commands"]
+
+
+@pytest.mark.parametrize("image,warned", [("myorg/rayflow:0.1.0", False),
+                                          ("myorg/stack:1", True)])
+def test_container_cluster_with_rayflow_in_its_image_needs_no_setup(image, warned):
+    def containerised(cfg):
+        _without_setup(cfg)
+        cfg["docker"] = {"image": image, "container_name": "rayflow"}
+
+    report = validate_text(_mutate("aws.yaml", containerised), "docker.yaml")
+    assert [(w.path, w.message) for w in report.warnings] == (
+        [("docker.image", f"no setup command installs rayflow, so the image {image!r} must "
+                          f"contain it")] if warned else [])
+
+
+def test_missing_install_never_suggests_the_other_projects_pypi_name():
+    with pytest.raises(ClusterSpecError) as err:
+        validate_text(_mutate("aws.yaml", _without_setup), "nosetup.yaml")
+    assert err.value.path == "setup_commands"
+    assert "pip wheel --no-deps -w dist ." in err.value.message
+    assert "pip install rayflow" not in str(err.value)
+    sources = [*(ROOT / "rayflow" / "deploy").glob("*.py"), ROOT / "rayflow" / "cli.py",
+               ROOT / "cluster" / "aws.yaml", ROOT / "cluster" / "onprem.yaml",
+               ROOT / "docs" / "cluster.md"]
+    offenders = [p for p in sources if re.search(
+        r"pip install ['\"]?rayflow(\[|=|\s|$)", p.read_text())]
+    assert offenders == []
+
+
+def test_cluster_specs_install_the_wheel_of_this_version():
+    from importlib.metadata import version
+
+    wheel = f"rayflow_engine-{version('rayflow-engine')}-py3-none-any.whl"
+    for name in ("aws.yaml", "onprem.yaml"):
+        cfg = yaml.safe_load((ROOT / "cluster" / name).read_text())
+        assert cfg["file_mounts"]["~/rayflow-dist"] == "./dist"
+        setup = " ".join(cfg["setup_commands"])
+        assert f"$HOME/rayflow-dist/{wheel}[" in setup, name
+        assert not re.search(r"\brayflow(\[[^\]]*\])?==", setup), name  # no registry name
+
+
+def test_documented_error_sample_is_what_validate_prints(tmp_path, monkeypatch):
+    doc = (ROOT / "docs" / "cluster.md").read_text()
+    cmd, out = re.search(r"Errors name the file.*?```bash\n(.*?)```\n\nprints\n\n```\n(.*?)```",
+                         doc, re.S).groups()
+    sed_line, validate_line = cmd.strip().splitlines()
+    (tmp_path / "cluster").symlink_to(ROOT / "cluster")
+    subprocess.run(["bash", "-c", sed_line.split("#")[0]], cwd=tmp_path, check=True)
+    monkeypatch.chdir(tmp_path)
+    args = validate_line.split("#")[0].split()
+    assert args[:3] == ["rayflow", "cluster", "validate"]
+    res = CliRunner().invoke(main, args[1:])
+    assert res.exit_code == 1
+    assert res.output == out

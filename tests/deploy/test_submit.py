@@ -148,3 +148,130 @@ def test_ray_job_submit_runs_every_job(head, kafka_broker, name):
     assert proc.returncode == 0, out[-3000:]
     assert "succeeded" in out
     print(f"ray job submit {name}: {time.time() - t0:.1f} s")
+
+
+# -- without a cluster: the connection check, log following and Ctrl-C ------------------------
+@pytest.fixture
+def silent_port():
+    """A port that accepts connections and never answers (read nothing, write nothing)."""
+    import socket
+    import threading
+
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(8)
+    held = []
+    stop = threading.Event()
+
+    def accept():
+        srv.settimeout(0.1)
+        while not stop.is_set():
+            try:
+                held.append(srv.accept()[0])
+            except OSError:
+                continue
+
+    t = threading.Thread(target=accept, daemon=True)
+    t.start()
+    yield srv.getsockname()[1]
+    stop.set()
+    t.join()
+    for c in held:
+        c.close()
+    srv.close()
+
+
+def test_submit_to_a_port_that_never_answers_times_out_and_says_so(silent_port):
+    t0 = time.monotonic()
+    res = CliRunner().invoke(main, ["submit", "--address", f"http://127.0.0.1:{silent_port}",
+                                    "--connect-timeout", "0.5", "--", "python", "-c", "pass"])
+    assert time.monotonic() - t0 < 60  # a generous bound on what used to hang forever
+    assert res.exit_code == 1
+    assert res.output.splitlines()[0] == (
+        f"error: the Ray job API at http://127.0.0.1:{silent_port} accepted the connection "
+        f"but sent no answer within 0.5 s: is this the Ray dashboard's port (8265 by "
+        f"default)?")
+
+
+class _FakeClient:
+    """The parts of JobSubmissionClient that submit() uses, scripted."""
+
+    def __init__(self, chunks, interrupt_after=None):
+        self.chunks, self.interrupt_after = chunks, interrupt_after
+        self.stopped, self.log_downloads, self.submitted = [], 0, {}
+
+    def submit_job(self, **kw):
+        self.submitted = kw
+        return kw.get("submission_id") or "raysubmit_1"
+
+    async def tail_job_logs(self, job_id):
+        for n, c in enumerate(self.chunks):
+            if self.interrupt_after is not None and n == self.interrupt_after:
+                raise KeyboardInterrupt
+            yield c
+
+    def get_job_status(self, job_id):
+        from ray.job_submission import JobStatus
+
+        return JobStatus.SUCCEEDED
+
+    def get_job_info(self, job_id):
+        from ray.job_submission import JobStatus
+
+        return SimpleNamespace(status=JobStatus.SUCCEEDED, driver_exit_code=0, message="")
+
+    def get_job_logs(self, job_id):
+        self.log_downloads += 1
+        return "".join(self.chunks)
+
+    def stop_job(self, job_id):
+        self.stopped.append(job_id)
+
+
+def test_submit_tails_the_log_once_and_passes_ray_job_submit_options(monkeypatch):
+    from rayflow.deploy import submit as sub
+
+    fake = _FakeClient(["line 1\n", "line 2\n", "done\n"])
+    monkeypatch.setattr(sub, "_client", lambda address, timeout: fake)
+    res = CliRunner().invoke(main, [
+        "submit", "--address", "http://x:1", "--no-working-dir", "--submission-id", "my-job",
+        "--entrypoint-num-cpus", "0.5", "--runtime-env-json", '{"env_vars": {"A": "1"}}',
+        "--", "python", "-c", "pass"])
+    assert res.exit_code == 0, res.output
+    assert res.stdout == "line 1\nline 2\ndone\n"   # each chunk once, as it came
+    assert fake.log_downloads == 0                  # never the whole log again
+    assert fake.submitted["submission_id"] == "my-job"
+    assert fake.submitted["entrypoint_num_cpus"] == 0.5
+    assert fake.submitted["runtime_env"]["env_vars"] == {"RAY_AUTH_MODE": "token", "A": "1"}
+
+
+def test_runtime_env_file_and_json_exclude_each_other(tmp_path, monkeypatch):
+    from rayflow.deploy import submit as sub
+
+    fake = _FakeClient(["ok\n"])
+    monkeypatch.setattr(sub, "_client", lambda address, timeout: fake)
+    f = tmp_path / "env.yaml"
+    f.write_text("pip: [tqdm]\nworking_dir: " + str(tmp_path) + "\n")
+    res = CliRunner().invoke(main, ["submit", "--address", "http://x:1", "--runtime-env", str(f),
+                                    "--", "python", "-c", "pass"])
+    assert res.exit_code == 0, res.output
+    env = fake.submitted["runtime_env"]
+    assert env["pip"] == ["tqdm"] and env["working_dir"] == str(tmp_path)  # theirs: no flag
+    both = CliRunner().invoke(main, ["submit", "--runtime-env", str(f), "--runtime-env-json",
+                                     "{}", "--", "true"])
+    assert both.exit_code == 2 and "not both" in both.output
+    bad = CliRunner().invoke(main, ["submit", "--runtime-env-json", "[1", "--", "true"])
+    assert bad.exit_code == 1 and "error: --runtime-env-json: not valid JSON" in bad.output
+
+
+def test_ctrl_c_detaches_and_leaves_the_job_running(monkeypatch):
+    from rayflow.deploy import submit as sub
+
+    fake = _FakeClient(["a\n", "b\n"], interrupt_after=1)
+    monkeypatch.setattr(sub, "_client", lambda address, timeout: fake)
+    res = CliRunner().invoke(main, ["submit", "--address", "http://x:1", "--no-working-dir",
+                                    "--", "python", "-c", "pass"])
+    assert res.exit_code == 130
+    assert fake.stopped == []
+    assert "detached from job raysubmit_1; it keeps running" in res.stderr
+    assert "ray job stop raysubmit_1" in res.stderr

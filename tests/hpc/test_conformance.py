@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from fractions import Fraction
+
 import numpy as np
 import pytest
 
@@ -14,7 +16,7 @@ def _data(r):
 
 def _all_collectives(comm, block):
     r = comm.rank
-    cart = comm.create_cart((2, 2))
+    cart = comm.create_cart((2, 2), periods=(True, True))
     row, col = cart.row(), cart.col()
     x = _data(r)
     big = np.full(200_000, r + 1.0)
@@ -33,6 +35,19 @@ def _all_collectives(comm, block):
         "row": row.allreduce(x), "col": col.allreduce(x), "row_gather": row.allgather(r),
         "shifted": buf, "sendrecv": cart.sendrecv(r, dest=cart.shift(0, 1)[1],
                                                    source=cart.shift(0, 1)[0]),
+    }
+    grid = comm.create_cart((2, 2))  # non-periodic, as MPI's default
+    left, right = grid.shift(1, 1)
+    out["halo"] = grid.sendrecv(r, dest=right, source=left)  # the edge ranks too
+    out["exact"] = {
+        "big_int": comm.allreduce(2**62),
+        "fraction": comm.allreduce(Fraction(1, r + 1)),
+        "bool": comm.allreduce(r < 3),
+        "complex": comm.allreduce(np.array([1 + 2j, -1j]) * (r + 1)),
+        "u64": comm.allreduce(np.array([2**63 + r], dtype=np.uint64), "max"),
+        "f16": comm.allreduce(np.array([0.5, 1.5], dtype=np.float16)),
+        "f32_scalar": comm.allreduce(np.float32(r)),
+        "rs_complex": comm.reduce_scatter(np.arange(4) * (1 + 1j)),
     }
     src, dst = cart.shift(0, 1)
     arr = np.full(4, float(r))
@@ -77,6 +92,18 @@ def test_collectives_conform_to_numpy(any_gang):
         np.testing.assert_array_equal(o["shifted"], np.full(3, float(2 * i + (j + 1) % 2)))
         assert o["sendrecv"] == 2 * ((i - 1) % 2) + j
         np.testing.assert_array_equal(o["isend"], np.full(4, 2.0 * ((i - 1) % 2) + j))
+        assert o["halo"] == (None if j == 0 else r - 1)
+        ex = o["exact"]
+        assert ex["big_int"] == 2**64 and type(ex["big_int"]) is int
+        assert ex["fraction"] == Fraction(25, 12)
+        assert ex["bool"] == 3 and type(ex["bool"]) is int
+        assert ex["complex"].dtype == np.complex128
+        np.testing.assert_array_equal(ex["complex"], [10 + 20j, -10j])
+        assert ex["u64"].dtype == np.uint64 and int(ex["u64"][0]) == 2**63 + 3
+        assert ex["f16"].dtype == np.float16
+        np.testing.assert_array_equal(ex["f16"], [2.0, 6.0])
+        assert type(ex["f32_scalar"]) is np.float32 and ex["f32_scalar"] == 6
+        np.testing.assert_array_equal(ex["rs_complex"], [4 * r * (1 + 1j)])
 
 
 def _ray_util_collective(comm, block, group_name_holder):

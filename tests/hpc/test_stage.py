@@ -57,9 +57,13 @@ def test_mpimap_chains_on_a_reused_gang(gang4):
 
 
 def test_outputs_outlive_their_own_gang(ray_session):
+    from rayflow.hpc.pool import warm_gangs
+
+    warm_gangs.clear()  # no warm gang of an earlier test
     ds = BlockDataset.from_numpy(np.arange(4.0), 2)
-    out = mpimap(_scale, ds, fn_args=(3.0,), rank_num_cpus=0.5)  # gang started and removed
+    out = mpimap(_scale, ds, fn_args=(3.0,), rank_num_cpus=0.5)
     assert out.stage.gang_starts == 1
+    warm_gangs.clear()  # the stage's gang, kept warm, is shut down now
     np.testing.assert_array_equal(out.to_numpy(), np.array([0.0, 3.0, 7.0, 10.0]))
 
 
@@ -76,15 +80,80 @@ def test_user_error_is_raised_not_retried(ray_session):
         mpimap(_boom, ds, rank_num_cpus=0.5, max_retries=3)
 
 
-def test_gang_that_cannot_fit_times_out_with_a_clear_error(ray_session):
+def _pending_groups():
     import ray
 
-    before = len(ray.util.placement_group_table())
-    with pytest.raises(GangSchedulingError, match=r"3 bundles of \{'CPU': 100.0\}.*STRICT_SPREAD"):
-        Gang(3, rank_num_cpus=100, strategy="STRICT_SPREAD", gang_timeout_s=0.5).start()
-    table = ray.util.placement_group_table()
-    assert len(table) == before + 1
-    assert [v["state"] for v in table.values()].count("PENDING") == 0  # removed, not pending
+    return [v for v in ray.util.placement_group_table().values() if v["state"] == "PENDING"]
+
+
+@pytest.mark.parametrize("kwargs", [dict(rank_num_cpus=100), dict(strategy="STRICT_SPREAD")])
+def test_gang_that_can_never_fit_the_local_ray_fails_at_once(ray_session, kwargs):
+    """The embedded Ray never grows: no waiting for the timeout, and no group left behind."""
+    import time
+
+    t0 = time.monotonic()
+    with pytest.raises(GangSchedulingError) as err:
+        Gang(3, gang_timeout_s=600, **kwargs).start()
+    assert time.monotonic() - t0 < 60  # far below the 600 s timeout
+    cpu = 100.0 if "rank_num_cpus" in kwargs else 1.0
+    strategy = kwargs.get("strategy", "PACK")
+    assert f"asked for 3 bundles of {{'CPU': {cpu}}} (total CPU {3 * cpu:g}) with strategy " \
+        f"{strategy}" in str(err.value)
+    assert "can never be placed on the local Ray (1 node, 8 CPUs)" in str(err.value)
+    assert "available" in str(err.value)
+    assert not _pending_groups()
+
+
+def test_gang_that_does_not_fit_now_times_out_with_a_clear_error(ray_session):
+    """Fits the instance but not what is free (a group holds CPUs): the timeout path."""
+    from ray.util.placement_group import placement_group, remove_placement_group
+
+    holder = placement_group([{"CPU": 1}])
+    assert holder.wait(60)
+    try:
+        with pytest.raises(GangSchedulingError, match=r"not placed within 0.5s: asked for 2 "
+                           r"bundles of \{'CPU': 4.0\} \(total CPU 8\) with strategy PACK; "
+                           r"cluster total .*available"):
+            Gang(2, rank_num_cpus=4, gang_timeout_s=0.5).start()
+    finally:
+        remove_placement_group(holder)
+    assert not _pending_groups()  # removed, not pending
+
+
+def test_default_rank_cpus_shrink_to_fit_the_local_ray_but_explicit_ones_do_not(ray_session):
+    from rayflow.hpc.gang import fit_rank_cpus
+
+    assert fit_rank_cpus(16, 1.0, 8.0, explicit=False) == 0.5
+    assert fit_rank_cpus(3, 1.0, 2.0, explicit=False) * 3 <= 2.0
+    assert fit_rank_cpus(16, 1.0, 8.0, explicit=True) == 1.0
+    assert fit_rank_cpus(4, 1.0, 8.0, explicit=False) == 1.0
+    g = Gang(16)  # default rank_num_cpus: 16 CPUs asked of an 8-CPU local Ray
+    g._fit_embedded()  # sizes the gang without starting 16 processes on 2 cores
+    assert g.rank_num_cpus == 0.5 and g.bundle == {"CPU": 0.5}
+    with pytest.raises(GangSchedulingError, match="can never be placed"):
+        Gang(16, rank_num_cpus=1.0)._fit_embedded()
+
+
+def _mismatch(comm, block):
+    return comm.allreduce(np.ones(3 + comm.rank))
+
+
+def _collect_rank(comm, block):
+    return block + comm.allreduce(1)
+
+
+def test_user_error_keeps_the_callers_gang(ray_session):
+    ds = BlockDataset.from_numpy(np.arange(6.0), 3)
+    with Gang(3, rank_num_cpus=0.25, gang_timeout_s=60) as g:
+        with pytest.raises(KeyError, match="bad block"):
+            mpimap(_boom, ds, gang=g)  # rank 0 and 2 wait in a barrier on rank 1
+        with pytest.raises(ValueError, match=r"rank 0: an array of float64 \(3,\), rank 1: an "
+                           r"array of float64 \(4,\), rank 2: an array of float64 \(5,\)"):
+            mpimap(_mismatch, ds, gang=g)
+        assert g.started and g.starts == 1
+        out = mpimap(_collect_rank, ds, gang=g)
+        assert out.stage.gang_starts == 0 and g.starts == 1
+        np.testing.assert_array_equal(out.to_numpy(), np.arange(6.0) + 3)
 
 
 def test_mismatched_inputs_are_rejected(ray_session):

@@ -4,17 +4,13 @@ numpy's, exactly once, also when a rank dies mid-stream."""
 import json
 import os
 import signal
-import sys
 import time
-from pathlib import Path
 
 import numpy as np
 
 import rayflow as rf
+from rayflow.examples.stream_solve import build_flow, reference_fits
 from rayflow.testing import wait_for
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "jobs"))
-from stream_solve import build_flow, reference_fits  # noqa: E402
 
 WINDOWS, ROWS, FEATURES = 8, 120, 12
 

@@ -12,6 +12,7 @@ from rayflow.operators.windows import (
     CountWindow,
     EventTime,
     MinMax,
+    SessionWindow,
     SlidingWindow,
     Sum,
     TumblingWindow,
@@ -61,17 +62,37 @@ def test_count_window_state_survives_snapshot_restore(ctx):
 
 
 def test_tumbling_event_time_with_out_of_order_and_late_records(ctx):
+    """Windows fire on the watermark that reaches the step, not on the records' times."""
     spec = Windowed(TumblingWindow(10.0), Sum(lambda r: r[1]), key_fn=lambda r: r[0],
-                    clock=EventTime(timestamp=lambda r: r[2], max_delay_s=5.0))
+                    clock=EventTime(timestamp=lambda r: r[2]))
     logic = spec.build(ctx)
     o1 = logic.process([("k", 1, 1.0), ("k", 2, 8.0), ("k", 4, 12.0)], None)
-    assert o1.items == []  # watermark 7: window [0,10) still open
+    assert o1.items == [] and logic.on_watermark(7.0).items == []  # [0,10) still open
     o2 = logic.process([("k", 8, 3.0), ("k", 16, 16.0)], None)  # 3.0 is out of order, on time
-    assert [(r.start, r.end, r.value) for r in o2.items] == [(0.0, 10.0, 11)]
+    assert o2.items == []
+    fired = logic.on_watermark(11.0)
+    assert [(r.start, r.end, r.value) for r in fired.items] == [(0.0, 10.0, 11)]
+    assert fired.event_times.tolist() == [np.nextafter(10.0, 0.0)]  # the window's last instant
     o3 = logic.process([("k", 32, 2.0)], None)  # its window closed: late
     assert o3.items == [] and o3.side["late"][0] == [("k", 32, 2.0)]
+    assert o3.side["late"][1].tolist() == [2.0]
+    assert logic.on_watermark(5.0) is None  # a watermark never goes back
     final = logic.on_end().items
     assert [(r.start, r.value) for r in final] == [(10.0, 20)]
+
+
+def test_window_watermark_survives_snapshot_restore(ctx):
+    """The watermark is part of the snapshot: a restored instance still finds the closed
+    window closed, and fires the open one at the same event time."""
+    spec = Windowed(TumblingWindow(10.0), Count(), key_fn=lambda r: r[0],
+                    clock=EventTime(timestamp=lambda r: r[1]))
+    a = spec.build(ctx)
+    a.process([("k", 1.0), ("k", 12.0)], None)
+    assert [r.start for r in a.on_watermark(10.0).items] == [0.0]
+    b = spec.build(ctx, a.snapshot())
+    assert b.process([("k", 3.0)], None).side["late"][0] == [("k", 3.0)]
+    assert b.on_watermark(19.0).items == []
+    assert [(r.start, r.value) for r in b.on_watermark(20.0).items] == [(10.0, 1)]
 
 
 def test_sliding_windows_assign_each_record_to_length_over_slide_windows():
@@ -80,14 +101,19 @@ def test_sliding_windows_assign_each_record_to_length_over_slide_windows():
     assert TumblingWindow(10.0).windows_of(-0.5) == [(-10.0, 0.0)]
 
 
-def test_sliding_event_time_sums_match_python(ctx):
+def test_sliding_event_time_counts_match_python(ctx):
     rng = np.random.default_rng(2)
     recs = [(f"k{int(k)}", float(t)) for k, t in zip(rng.integers(0, 3, 500),
                                                         np.sort(rng.uniform(0, 100, 500)))]
     spec = Windowed(SlidingWindow(20.0, 5.0), Count(), key_fn=lambda r: r[0],
                     clock=EventTime(timestamp=lambda r: r[1]))
     logic = spec.build(ctx)
-    out = logic.process(recs, None).items + logic.on_end().items
+    out = []
+    for lo in range(0, 500, 50):  # in-order batches, each followed by its watermark
+        part = recs[lo:lo + 50]
+        assert not logic.process(part, None).side
+        out += logic.on_watermark(part[-1][1]).items
+    out += logic.on_end().items
     got = Counter({(r.key, r.start): r.value for r in out})
     expected = Counter()
     for k, t in recs:
@@ -95,18 +121,32 @@ def test_sliding_event_time_sums_match_python(ctx):
             if start <= t < start + 20.0:
                 expected[(k, float(start))] += 1
     assert got == expected
+    ends = [r.end for r in out]
+    assert ends == sorted(ends)  # fired in order of their end
 
 
-def test_idle_timeout_advances_the_watermark(ctx):
-    spec = Windowed(TumblingWindow(10.0), Count(), key_fn=str,
-                    clock=EventTime(timestamp=lambda r: 1.0, max_delay_s=0.0, idle_timeout_s=0.5))
-    logic = spec.build(ctx)
-    assert logic.process(["a"], None).items == []
-    import time
+def test_event_time_clock_rejects_source_only_settings():
+    from rayflow import Dataflow, MemorySource
+    from rayflow.errors import ConfigError
 
-    assert logic.on_tick(time.time()) is None
-    out = logic.on_tick(time.time() + 20.0)  # idle long enough: [0, 10) closes
-    assert [(r.key, r.value) for r in out.items] == [("a", 1)]
+    with pytest.raises(ValueError, match="max_delay_s must be a number >= 0"):
+        EventTime(max_delay_s=-1)
+    flow = Dataflow("clk")
+    keyed = flow.source("in", MemorySource([1])).key_by(str)
+    with pytest.raises(ConfigError, match="belong to the source"):
+        keyed.window("w", TumblingWindow(1.0), Count(), clock=EventTime(max_delay_s=2.0))
+
+
+def test_event_time_window_without_watermarks_upstream_is_an_error():
+    from rayflow import CollectSink, Dataflow, MemorySource
+    from rayflow.errors import ConfigError
+
+    flow = Dataflow("nowm")
+    (flow.source("in", MemorySource([1])).key_by(str)
+         .window("w", TumblingWindow(1.0), Count(), clock=EventTime())
+         .sink("out", CollectSink()))
+    with pytest.raises(ConfigError, match="step 'w' runs on event time, but no source"):
+        flow.validate()
 
 
 def test_processing_time_windows_close_on_tick(ctx):
@@ -178,3 +218,102 @@ def test_field_partitioning_matches_per_record_hash():
     for g, idx in enumerate(groups):
         assert all(stable_hash(words[i]) % 3 == g for i in idx.tolist())
     assert sorted(np.concatenate(groups).tolist()) == list(range(500))
+
+
+def _sessions_reference(recs, gap):
+    """Plain Python: per key, sorted times split where consecutive ones are more than
+    ``gap`` apart; each session is (start, last + gap, count)."""
+    by_key = defaultdict(list)
+    for k, t in recs:
+        by_key[k].append(t)
+    out = set()
+    for k, ts in by_key.items():
+        ts.sort()
+        start = prev = ts[0]
+        n = 0
+        for t in ts:
+            if t - prev > gap:
+                out.add((k, start, prev + gap, n))
+                start, n = t, 0
+            prev = t
+            n += 1
+        out.add((k, start, prev + gap, n))
+    return out
+
+
+def test_session_windows_merge_out_of_order_records_like_python(ctx):
+    rng = np.random.default_rng(7)
+    recs = [(f"k{int(k)}", float(t)) for k, t in zip(rng.integers(0, 5, 3000),
+                                                        rng.uniform(0, 600, 3000).round(2))]
+    order = np.argsort([t for _, t in recs], kind="stable")
+    # out of order by up to 3 s: shuffle within 3-second buckets
+    bucket = np.array([t // 3 for _, t in recs])[order]
+    jitter = order[np.lexsort((rng.random(len(order)), bucket))]
+    shuffled = [recs[i] for i in jitter]
+    spec = Windowed(SessionWindow(2.0), Count(), key_fn=lambda r: r[0],
+                    clock=EventTime(timestamp=lambda r: r[1]))
+    logic = spec.build(ctx)
+    out, seen_max = [], -np.inf
+    for lo in range(0, len(shuffled), 97):
+        part = shuffled[lo:lo + 97]
+        assert not logic.process(part, None).side  # within the 3 s allowed: none late
+        seen_max = max(seen_max, max(t for _, t in part))
+        out += logic.on_watermark(seen_max - 3.0).items
+    out += logic.on_end().items
+    assert {(r.key, r.start, r.end, r.value) for r in out} == _sessions_reference(recs, 2.0)
+    assert len(out) == len(_sessions_reference(recs, 2.0))  # none fired twice
+    assert len(logic.state) == 0
+
+
+def test_a_late_record_that_joins_an_open_session_is_not_late(ctx):
+    spec = Windowed(SessionWindow(5.0), Count(), key_fn=lambda r: r[0],
+                    clock=EventTime(timestamp=lambda r: r[1]))
+    logic = spec.build(ctx)
+    logic.process([("a", 10.0), ("a", 20.0), ("b", 1.0)], None)
+    assert [(r.key, r.end) for r in logic.on_watermark(22.0).items] == [("b", 6.0), ("a", 15.0)]
+    # [16, 21) closed on its own, but it touches the open session [20, 25): merged
+    out = logic.process([("a", 16.0), ("a", 9.0)], None)
+    assert out.side["late"][0] == [("a", 9.0)]
+    assert [(r.start, r.end, r.value) for r in logic.on_end().items] == [(16.0, 25.0, 2)]
+
+
+def test_session_windows_on_processing_time_close_on_tick(ctx):
+    import time
+
+    logic = Windowed(SessionWindow(0.5), Count(), key_fn=str).build(ctx)
+    assert logic.process(["a", "a", "b"], None).items == []
+    assert logic.on_tick(time.time()) is None
+    out = logic.on_tick(time.time() + 1.0)
+    assert sorted((r.key, r.value) for r in out.items) == [("a", 2), ("b", 1)]
+    with pytest.raises(ValueError, match="gap_s must be a number > 0"):
+        SessionWindow(0)
+
+
+def test_closed_sessions_leave_no_state_even_in_rocksdb(tmp_path):
+    """10^5 keys through short sessions: the state, and the RocksDB directory once
+    compacted, shrink back to (near) nothing."""
+    pytest.importorskip("rocksdict")
+
+    def du(path):
+        return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+
+    ctx = StepContext("sess", 0, 1, "test", backend_from_name("rocksdb", str(tmp_path)))
+    logic = Windowed(SessionWindow(1.0), Count(), key_fn=lambda r: r[0],
+                     clock=EventTime(timestamp=lambda r: r[1])).build(ctx)
+    n = 100_000
+    for lo in range(0, n, 10_000):
+        logic.process([(f"user{i}", float(i // 1000)) for i in range(lo, lo + 10_000)], None)
+    db = logic.state.db
+    db.flush()
+    full = du(logic.state.path)
+    assert len(logic.state) == n
+    fired = logic.on_watermark(n / 1000 + 1.0).items
+    assert len(fired) == n and all(r.value == 1 for r in fired)
+    assert len(logic.state) == 0
+    db.flush()
+    db.compact_range(None, None)
+    empty = du(logic.state.path)
+    print(f"RocksDB directory: {full / 1e6:.2f} MB with {n} open sessions, "
+          f"{empty / 1e6:.2f} MB after they closed")
+    assert empty < full / 5
+    logic.close()

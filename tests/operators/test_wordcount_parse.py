@@ -3,15 +3,11 @@ path, and a batch with bad records still yields every good record plus one dead 
 bad one, with its reason. No Ray."""
 
 import json
-import sys
-from pathlib import Path
 
 import pyarrow as pa
 
+from rayflow.examples.wordcount import ParseSentences, parse, parse_batch, sentences
 from rayflow.operators.base import StepContext
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "jobs"))
-from wordcount import ParseSentences, parse, parse_batch, sentences  # noqa: E402
 
 
 def _expected(records):

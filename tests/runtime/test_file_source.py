@@ -12,6 +12,7 @@ import pytest
 import rayflow as rf
 from rayflow.connectors.images import DirectorySource
 from rayflow.errors import StepError
+from rayflow.operators.base import StepContext
 from rayflow.operators.stateless import Map
 from rayflow.operators.windows import Count, CountWindow
 from rayflow.testing import CrashDuringCheckpoint
@@ -77,3 +78,19 @@ def test_a_missing_directory_fails_the_job_naming_the_step(ray_session, tmp_path
     flow = _flow("files-missing", tmp_path / "nope")
     with pytest.raises(StepError, match=r"step 'read'.*is not a directory"):
         flow.run(timeout_s=60)
+
+
+@pytest.mark.parametrize("readers", [1, 2])  # one reader scans itself; two share an enumerator
+def test_a_pattern_that_matches_nothing_fails_the_job_naming_it(ray_session, tmp_path, readers):
+    _write(tmp_path, 0, 3)  # .txt files only
+    flow = rf.Dataflow(f"files-nomatch-{readers}")
+    (flow.source("read", DirectorySource(str(tmp_path), ("*.png", "*.jpg")), parallelism=readers)
+         .sink("out", rf.CollectSink()))
+    with pytest.raises(StepError, match=r"step 'read'.*no file in .* matches '\*\.png' or "
+                                        r"'\*\.jpg'"):
+        flow.run(timeout_s=60)
+    # watching, an empty directory is fine: files may come
+    reader = DirectorySource(str(tmp_path), "*.png", watch=True).build(StepContext("r", 0, 1))
+    assert reader.poll(10, 0.0) is None and not reader.exhausted
+    with pytest.raises(ValueError, match="pattern must be a glob or a list of globs"):
+        DirectorySource(str(tmp_path), ())

@@ -4,7 +4,10 @@ and the out-of-core 16k × 16k blur in flat memory (slow)."""
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import cv2
@@ -61,6 +64,70 @@ def test_w1_job_blurs_every_good_file_and_dead_letters_the_bad(ray_session, tmp_
         written = cv2.imread(str(out / p.name), cv2.IMREAD_UNCHANGED)
         assert np.array_equal(written, cv2.GaussianBlur(img, (5, 5), 3, sigmaY=3))
     assert job.throughput("write") > 0
+
+
+def _photo_folder(root: Path) -> dict[str, np.ndarray]:
+    """JPEGs in upper and lower case, one in a subfolder, a name shared by two folders, and
+    a PNG that shares its stem with a JPEG; relative path -> decoded pixels."""
+    made = {}
+    for i, rel in enumerate(["p0.JPG", "p1.jpg", "sub/p1.jpeg", "sub/deep/shot.jpg",
+                             "shot.jpg", "shot.png"]):
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        ok, buf = cv2.imencode(path.suffix, synthetic_image(i, 30, 41))
+        path.write_bytes(buf.tobytes())
+        made[rel] = cv2.imread(str(path), cv2.IMREAD_UNCHANGED)
+    return made
+
+
+def test_w1_job_reads_a_folder_of_jpegs_into_relative_paths(ray_session, tmp_path):
+    src, out = tmp_path / "in", tmp_path / "out"
+    made = _photo_folder(src)
+    w1 = _job_module()
+    flow = w1.build_flow(str(src), output_dir=str(out), recursive=True)
+    job = flow.run(stream=w1.IMAGE_STREAM, timeout_s=120)
+    m = job.metrics()
+    assert m["read"]["records_out"] == 6 and m["write"]["records_out"] == 5
+    # shot.jpg is read before shot.png (name order), and takes shot.png's output name
+    (dead,) = job.dead_letters()
+    assert dead.where == str(src / "shot.png") and "'shot.png' was already written" in dead.reason
+    written = sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file())
+    assert written == ["p0.png", "p1.png", "shot.png", "sub/deep/shot.png", "sub/p1.png"]
+    for rel in ["p0.JPG", "p1.jpg", "sub/p1.jpeg", "sub/deep/shot.jpg", "shot.jpg"]:
+        got = cv2.imread(str(out / Path(rel).with_suffix(".png")), cv2.IMREAD_UNCHANGED)
+        assert np.array_equal(got, cv2.GaussianBlur(made[rel], (5, 5), 3, sigmaY=3)), rel
+
+
+def _run_job(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(ROOT / "jobs" / "image_blur.py"), *args],
+                          capture_output=True, text=True, timeout=300, cwd=ROOT)
+
+
+def test_w1_job_input_that_matches_nothing_is_an_error(tmp_path):
+    _photo_folder(tmp_path)
+    for args, why in [(["--ext", "gif"], "matches '*.gif' or '*.GIF'"),
+                      (["--pattern", "*.webp"], "matches '*.webp'"),
+                      (["--ext", "*"], "not a file extension: '*'")]:
+        done = _run_job("--input", str(tmp_path), "--no-memory", *args)
+        assert done.returncode == 2, done.stderr
+        assert why in done.stderr and "files_read" not in done.stdout
+    done = _run_job("--input", str(tmp_path / "sub" / "deep"), "--pattern", "*.png")
+    assert done.returncode == 2 and f"no file in {str(tmp_path / 'sub' / 'deep')!r}" in done.stderr
+
+
+@pytest.mark.slow
+def test_w1_job_command_line_blurs_jpegs_given_by_extension(tmp_path):
+    src, out = tmp_path / "in", tmp_path / "out"
+    made = _photo_folder(src)
+    done = _run_job("--input", str(src), "--output", str(out), "--ext", "jpg,jpeg",
+                    "--recursive", "--no-memory")
+    assert done.returncode == 0, done.stderr
+    summary = json.loads(done.stdout[done.stdout.index("{"):])
+    assert summary["files_read"] == 5 and summary["images_written"] == 5
+    assert summary["dead_letters"] == 0  # shot.png is not a jpg: no collision
+    for rel in ["p0.JPG", "p1.jpg", "sub/p1.jpeg", "sub/deep/shot.jpg", "shot.jpg"]:
+        got = cv2.imread(str(out / Path(rel).with_suffix(".png")), cv2.IMREAD_UNCHANGED)
+        assert np.array_equal(got, cv2.GaussianBlur(made[rel], (5, 5), 3, sigmaY=3)), rel
 
 
 def test_w1_job_picks_malloc_settings_by_the_shape_of_its_pipeline():

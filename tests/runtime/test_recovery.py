@@ -7,20 +7,16 @@ counted).
 """
 
 import json
-import sys
 import time
 from collections import Counter
-from pathlib import Path
 
 import pytest
 
 import rayflow as rf
 from rayflow.connectors.kafka import create_topic, produce, read_values
+from rayflow.examples.wordcount import parse, sentences
 from rayflow.operators.windows import CountWindow, MinMax, Windowed
 from rayflow.testing import CrashBeforeCommit, CrashDuringCheckpoint, wait_for
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "jobs"))
-from wordcount import parse, sentences  # noqa: E402
 
 N = 1500
 CHK = {"interval_s": 0.3, "processing_guarantee": "exactly_once"}

@@ -64,10 +64,10 @@ def test_late_records_go_to_the_late_output_counted(ray_session):
     t0 = 1_000.0
     events = [("a", t0 + 1), ("a", t0 + 12), ("a", t0 + 2), ("a", t0 + 25), ("a", t0 + 3)]
     flow = rf.Dataflow("late")
-    counts = (flow.source("src", rf.MemorySource(events))
+    counts = (flow.source("src", rf.MemorySource(events),
+                          watermarks=EventTime(timestamp=lambda r: r[1], max_delay_s=0.0))
                   .key_by(lambda r: r[0])
-                  .window("win", TumblingWindow(10.0), Count(),
-                          clock=EventTime(timestamp=lambda r: r[1], max_delay_s=0.0),
+                  .window("win", TumblingWindow(10.0), Count(), clock=EventTime(),
                           batch_size=1))
     counts.sink("out", rf.CollectSink())
     counts.side("late").sink("late_out", rf.CollectSink())

@@ -1,0 +1,310 @@
+"""Collectives and point-to-point latency: rayflow's direct channels against mpi4py (MPICH).
+
+    python benchmarks/bench_collectives.py [--quick]
+
+2 and 4 ranks on this machine: allreduce of 1 float, 1 KiB, 1 MiB and 64 MiB (not with
+``--quick``), bcast of 1 KiB, allgather of 1 float, barrier, and a ping-pong of 8 B and
+1 MiB between ranks 0 and 1. Each rank times every repetition itself; the figure is rank
+0's median in microseconds. mpi4py runs the same loop under ``mpiexec`` with its pickle
+API (``allreduce``) and its buffer API (``Allreduce``) when it is installed (the ``peers``
+extra). Two more tables: which path a large message should take on one node (ring,
+shared-memory segment, Ray's object store), and where a small message's time goes.
+Writes ``benchmarks/results/collectives.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import subprocess
+import sys
+import time
+from pathlib import Path
+from statistics import median
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import click  # noqa: E402
+import numpy as np  # noqa: E402
+from _common import machine_info, print_table, ratio, write_result  # noqa: E402
+
+HERE = Path(__file__).resolve()
+KIB, MIB = 1024, 1024 * 1024
+
+
+def _cases(quick: bool) -> list[tuple[str, int, int]]:
+    """(op, payload bytes, repetitions)."""
+    small = 1000 if quick else 3000
+    cases = [("allreduce", 8, small), ("allreduce", KIB, small), ("allreduce", MIB, 30),
+             ("bcast", KIB, small), ("allgather", 8, small), ("barrier", 0, small),
+             ("pingpong", 8, small), ("pingpong", MIB, 30)]
+    if not quick:
+        cases.insert(3, ("allreduce", 64 * MIB, 3))
+    return cases
+
+
+def _payload(nbytes: int):
+    return 1.0 if nbytes == 8 else np.ones(nbytes // 8)
+
+
+def _time_ops(api: dict, rank: int, cases: list) -> dict:
+    """Median microseconds of every case on this rank (``api`` adapts one library)."""
+    out = {}
+    for op, nbytes, reps in cases:
+        x = _payload(nbytes)
+        fn = api[op]
+        api["barrier"](None)
+        ts = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            fn(x)
+            ts.append(time.perf_counter() - t0)
+        out[f"{op} {nbytes}"] = median(ts[len(ts) // 10:]) * 1e6
+    return out
+
+
+def _rayflow_api(comm) -> dict:
+    def pingpong(x):
+        if comm.rank == 0:
+            comm.send(x, 1)
+            comm.recv(1)
+        elif comm.rank == 1:
+            comm.send(comm.recv(0), 0)
+
+    return {"allreduce": comm.allreduce, "bcast": lambda x: comm.bcast(x, 0),
+            "allgather": comm.allgather, "barrier": lambda x: comm.barrier(),
+            "pingpong": pingpong}
+
+
+def _rayflow_rank(comm, block, cases):
+    import ray
+
+    out = _time_ops(_rayflow_api(comm), comm.rank, cases)
+    if comm.size == 2:
+        out["paths"] = _paths(comm, ray)
+    return out
+
+
+def _paths(comm, ray) -> dict:
+    """Ping-pong of large arrays through the ring, a segment, and Ray's object store."""
+    from rayflow.hpc import channels
+
+    res, keep = {}, channels.SEGMENT_BYTES
+    try:
+        for nbytes in (64 * KIB, 256 * KIB, 512 * KIB, MIB, 4 * MIB, 16 * MIB):
+            x = np.ones(nbytes // 8)
+            for path in ("ring", "segment", "object store"):
+                if path == "ring" and nbytes > 512 * KIB:  # a record must fit the 1 MiB ring
+                    continue
+                channels.SEGMENT_BYTES = 1 << 40 if path == "ring" else 0
+                ts = []
+                try:
+                    _pingpong_path(comm, ray, x, path, ts)
+                except Exception as err:  # noqa: BLE001 - a path that cannot run is reported
+                    res[f"{path} {nbytes}"] = f"failed: {type(err).__name__}: {err}"[:200]
+                    continue
+                res[f"{path} {nbytes}"] = median(ts[2:]) * 1e6
+    finally:
+        channels.SEGMENT_BYTES = keep
+    return res
+
+
+def _pingpong_path(comm, ray, x, path, ts) -> None:
+        for _ in range(20):
+            comm.barrier()
+            t0 = time.perf_counter()
+            if path == "object store":
+                # each ref is held until the peer has read it (the next barrier)
+                if comm.rank == 0:
+                    ref = ray.put(x)
+                    comm.send([ref], 1)
+                    ray.get(comm.recv(1)[0])
+                else:
+                    ref = ray.put(ray.get(comm.recv(0)[0]))
+                    comm.send([ref], 0)
+            elif comm.rank == 0:
+                comm.send(x, 1)
+                comm.recv(1)
+            else:
+                comm.send(comm.recv(0), 0)
+            ts.append(time.perf_counter() - t0)
+
+
+def run_rayflow(ranks: int, cases: list) -> dict:
+    from rayflow.hpc import BlockDataset, Gang, mpimap
+
+    with Gang(ranks, rank_num_cpus=0.25, gang_timeout_s=120) as g:
+        t0 = time.perf_counter()
+        mpimap(lambda comm, b: comm.allreduce(1.0), BlockDataset.from_numpy(np.zeros(ranks), ranks),
+               gang=g)
+        first_stage_ms = (time.perf_counter() - t0) * 1e3
+        outs = mpimap(_rayflow_rank, BlockDataset.from_numpy(np.zeros(ranks), ranks),
+                      fn_args=(cases,), gang=g).blocks()
+    res = outs[0]
+    res["stage_on_started_gang_ms"] = first_stage_ms
+    return res
+
+
+def gang_start_s() -> dict:
+    """A stage without ``gang=``: cold (new gang) and warm (the pool's gang)."""
+    from rayflow.hpc import BlockDataset, mpimap
+    from rayflow.hpc.pool import warm_gangs
+
+    ds = BlockDataset.from_numpy(np.zeros(2), 2)
+    warm_gangs.clear()
+    out = {}
+    for name in ("cold", "warm"):
+        t0 = time.perf_counter()
+        mpimap(lambda comm, b: comm.allreduce(1.0), ds, rank_num_cpus=0.25)
+        out[name] = time.perf_counter() - t0
+    warm_gangs.clear()
+    return out
+
+
+def message_cost() -> dict:
+    """Where a small message's time goes: one process, no waiting (microseconds each)."""
+    from rayflow.hpc import shm
+    from rayflow.hpc.channels import Endpoint, Mailbox, node_info
+    from rayflow.hpc.comm import Communicator
+
+    n = 20000
+    infos = [node_info("n"), node_info("n")]
+    eps = [Endpoint(r, infos) for r in range(2)]
+    ts = [e.connect([e.address for e in eps], Mailbox(), "s") for e in eps]
+    key = ("c", ("world",), 1, "allgather")
+
+    def per(fn) -> float:
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        return (time.perf_counter() - t0) / n * 1e6
+
+    ring = ts[1]._ch.rings[0]
+    out = {
+        "send + recv (transport)": per(lambda: (ts[0].send(1, key, 1.0), ts[1].recv(0, key))),
+        "pickle dumps + loads": per(lambda: pickle.loads(pickle.dumps(("s", key, 1.0), 5))),
+        "ring write + read": per(lambda: (ts[0]._ch.links[1].ring.try_write1(b"x" * 60),
+                                          ring.peek(), ring.commit())),
+        "doorbell write": per(lambda: shm.ring_fd(ts[0]._ch.links[1].bell_fd)),
+    }
+    ts[1]._ch.bell.drain()
+    c0, c1 = Communicator(ts[0]), Communicator(ts[1])
+
+    def exchange():  # both halves of a 2-rank allreduce, one after the other
+        c0.send(1.0, 1)
+        c1.send(2.0, 0)
+        c0.recv(1)
+        c1.recv(0)
+
+    out["comm.send + comm.recv"] = per(exchange) / 2
+    for t in ts:
+        t.close()
+    return out
+
+
+# ------------------------------------------------------------------------ mpi4py side
+def _mpi_worker(cases: list) -> None:
+    from mpi4py import MPI
+
+    comm = MPI.COMM_WORLD
+    rank = comm.Get_rank()
+
+    def pingpong(x):
+        if rank == 0:
+            comm.send(x, 1)
+            comm.recv(source=1)
+        elif rank == 1:
+            comm.send(comm.recv(source=0), 0)
+
+    pickled = {"allreduce": comm.allreduce, "bcast": lambda x: comm.bcast(x, 0),
+               "allgather": comm.allgather, "barrier": lambda x: comm.barrier(),
+               "pingpong": pingpong}
+    bufs: dict = {}
+
+    def buf(x):
+        x = np.atleast_1d(np.asarray(x, dtype=np.float64))
+        k = x.nbytes
+        if k not in bufs:
+            bufs[k] = (np.empty_like(x), np.empty(comm.Get_size() * x.size))
+        return x, *bufs[k]
+
+    def bpingpong(x):
+        x, out, _ = buf(x)
+        if rank == 0:
+            comm.Send(x, 1)
+            comm.Recv(out, 1)
+        elif rank == 1:
+            comm.Recv(out, 0)
+            comm.Send(out, 0)
+
+    buffer = {"allreduce": lambda x: comm.Allreduce(buf(x)[0], buf(x)[1]),
+              "bcast": lambda x: comm.Bcast(buf(x)[1 if rank else 0], 0),
+              "allgather": lambda x: comm.Allgather(buf(x)[0], buf(x)[2]),
+              "barrier": lambda x: comm.Barrier(), "pingpong": bpingpong}
+    res = {"pickle": _time_ops(pickled, rank, cases), "buffer": _time_ops(buffer, rank, cases)}
+    if rank == 0:
+        print("MPI-RESULT " + json.dumps(res), flush=True)
+
+
+def run_mpi(ranks: int, cases: list) -> dict | None:
+    exe = Path(sys.executable).parent / "mpiexec"
+    try:
+        import mpi4py  # noqa: F401
+    except ImportError:
+        return None
+    if not exe.exists():
+        return None
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
+    proc = subprocess.run([str(exe), "-n", str(ranks), sys.executable, str(HERE), "--mpi-worker",
+                           json.dumps(cases)], capture_output=True, text=True, env=env, timeout=300)
+    for line in proc.stdout.splitlines():
+        if line.startswith("MPI-RESULT "):
+            return json.loads(line[len("MPI-RESULT "):])
+    raise RuntimeError(f"mpiexec failed ({proc.returncode}): {proc.stderr[-2000:]}")
+
+
+@click.command()
+@click.option("--quick", is_flag=True, help="fewer repetitions, no 64 MiB allreduce")
+@click.option("--mpi-worker", "worker", default=None, hidden=True)
+def main(quick: bool, worker: str | None) -> None:
+    if worker is not None:
+        _mpi_worker([tuple(c) for c in json.loads(worker)])
+        return
+    from rayflow._raycontext import ensure_ray
+
+    print("machine:", machine_info())
+    cases = _cases(quick)
+    ensure_ray(None, num_cpus=4, include_dashboard=False)
+    rows, paths, extra = [], {}, {}
+    for ranks in (2, 4):
+        ours = run_rayflow(ranks, cases)
+        mpi = run_mpi(ranks, cases) or {"pickle": {}, "buffer": {}}
+        paths = ours.pop("paths", paths)
+        extra[f"stage_on_started_gang_ms_{ranks}"] = ours.pop("stage_on_started_gang_ms")
+        for op, nbytes, _ in cases:
+            k = f"{op} {nbytes}"
+            p, b = mpi["pickle"].get(k), mpi["buffer"].get(k)
+            rows.append({"ranks": ranks, "op": op, "bytes": nbytes, "rayflow_us": ours[k],
+                         "mpi4py_pickle_us": p, "mpi4py_buffer_us": b,
+                         "vs_pickle": ratio(ours[k], p), "vs_buffer": ratio(ours[k], b)})
+    starts = gang_start_s()
+    cost = message_cost()
+    print_table("median microseconds per operation (rank 0)",
+                ["ranks", "op", "bytes", "rayflow", "mpi4py pickle", "mpi4py buffer",
+                 "x pickle", "x buffer"], [list(r.values()) for r in rows])
+    print_table("large messages on one node, 2 ranks: ping-pong round trip (us)",
+                ["path and bytes", "us"], [[k, v] for k, v in paths.items()])
+    print_table("a small message's cost, one process (us)", ["part", "us"],
+                [[k, v] for k, v in cost.items()])
+    print(f"\nstage on a started gang: {extra}; stage without gang=: cold "
+          f"{starts['cold']:.2f} s, warm {starts['warm'] * 1e3:.1f} ms")
+    path = write_result("collectives", {"quick": quick, "rows": rows, "large_message_paths_us": paths,
+                                        "small_message_cost_us": cost, "stage_start_s": starts,
+                                        **extra})
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,173 @@
+"""Durable checkpoints: completed checkpoints and savepoints written under a directory (a
+local or shared filesystem path, or any URL ``pyarrow.fs`` understands, e.g. ``s3://...``),
+so that a job can be resumed by a new driver after ``ray job stop``, a driver crash or the
+loss of the coordinator, as with ``flink run -s PATH``. No Ray.
+
+Layout of one run of a job (``RUN = {state_dir}/checkpoints/{job}/{run_id}``)::
+
+    RUN/chk-00000012/handles.pkl     every task's state handle (pickled)
+    RUN/chk-00000012/manifest.json   job, plan, backend, guarantee, source positions; written
+                                     last, so a directory without it is not a checkpoint
+    RUN/positions/src-0.json         at-most-once positions, rewritten before each batch
+
+    >>> import tempfile
+    >>> from rayflow.checkpoint import CompletedCheckpoint
+    >>> store = CheckpointStore(tempfile.mkdtemp())
+    >>> path = store.write(CompletedCheckpoint(3, {("src", 0): {0: 42}}, 1.0, 2.0),
+    ...                    {"job": "demo", "state_backend": "memory"})
+    >>> load_checkpoint(store.root).handles
+    {('src', 0): {0: 42}}
+    >>> load_checkpoint(path).meta["job"]
+    'demo'
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import tempfile
+import time
+import uuid
+from typing import Any
+
+from rayflow.checkpoint import CompletedCheckpoint
+
+MANIFEST = "manifest.json"
+HANDLES = "handles.pkl"
+
+
+def _fs(root: str):
+    """(filesystem, path) for a local path or a URL."""
+    from pyarrow import fs
+
+    if "://" in root:
+        return fs.FileSystem.from_uri(root)
+    return fs.LocalFileSystem(), os.path.abspath(root)
+
+
+def default_root(state_dir: str | None) -> str:
+    return state_dir or os.path.join(tempfile.gettempdir(), "rayflow-state")
+
+
+def run_root(state_dir: str | None, job: str, run_id: str) -> str:
+    """Where the checkpoints of one run of ``job`` live."""
+    return f"{default_root(state_dir).rstrip('/')}/checkpoints/{job}/{run_id}"
+
+
+class CheckpointStore:
+    """The durable checkpoints of one run. ``write`` keeps the newest ``retain`` ones."""
+
+    def __init__(self, root: str, retain: int = 1):
+        self.root = root
+        self.retain = max(1, retain)
+        self.fs, self.path = _fs(root)
+        self.fs.create_dir(self.path, recursive=True)
+
+    def _join(self, *parts: str) -> str:
+        return "/".join([self.path.rstrip("/"), *parts])
+
+    def _url(self, *parts: str) -> str:
+        return "/".join([self.root.rstrip("/"), *parts])
+
+    def write(self, chk: CompletedCheckpoint, meta: dict) -> str:
+        """Write ``chk`` durably; return its path. The manifest goes last and by rename."""
+        name = f"chk-{chk.checkpoint_id:08d}"
+        d = self._join(name)
+        self.fs.create_dir(d, recursive=True)
+        with self.fs.open_output_stream(f"{d}/{HANDLES}") as f:
+            f.write(pickle.dumps(chk.handles, protocol=pickle.HIGHEST_PROTOCOL))
+        manifest = {
+            **meta,
+            "checkpoint_id": chk.checkpoint_id,
+            "started": chk.started,
+            "completed": chk.finished,
+            "savepoint": chk.savepoint,
+            "final": chk.final,
+            "finished_tasks": sorted([list(t) for t in chk.finished_tasks]),
+            "tasks": sorted([list(t) for t in chk.handles]),
+            "written": time.time(),
+        }
+        tmp = f"{d}/.{MANIFEST}.{uuid.uuid4().hex[:6]}"
+        with self.fs.open_output_stream(tmp) as f:
+            f.write(json.dumps(manifest, indent=1, default=repr).encode())
+        self.fs.move(tmp, f"{d}/{MANIFEST}")
+        chk.path = self._url(name)
+        chk.meta = manifest
+        self._prune(keep=name)
+        return chk.path
+
+    def _ids(self) -> list[tuple[int, str]]:
+        from pyarrow import fs
+
+        out = []
+        for info in self.fs.get_file_info(fs.FileSelector(self.path, allow_not_found=True)):
+            base = info.base_name
+            if info.type == fs.FileType.Directory and base.startswith("chk-"):
+                if self.fs.get_file_info(f"{info.path}/{MANIFEST}").type == fs.FileType.File:
+                    out.append((int(base[4:]), base))
+        return sorted(out)
+
+    def _prune(self, keep: str) -> None:
+        done = self._ids()
+        for _, name in done[:-self.retain]:
+            if name != keep:
+                self.fs.delete_dir(self._join(name))
+
+    def latest(self) -> CompletedCheckpoint | None:
+        ids = self._ids()
+        return load_checkpoint(self._url(ids[-1][1])) if ids else None
+
+    # -- at-most-once positions ----------------------------------------------------------
+    def write_position(self, task: tuple[str, int], pos: Any) -> None:
+        d = self._join("positions")
+        self.fs.create_dir(d, recursive=True)
+        final = f"{d}/{task[0]}-{task[1]}.pkl"
+        tmp = f"{final}.{uuid.uuid4().hex[:6]}"
+        with self.fs.open_output_stream(tmp) as f:
+            f.write(pickle.dumps(pos))
+        self.fs.move(tmp, final)
+
+    def positions(self) -> dict[tuple[str, int], Any]:
+        from pyarrow import fs
+
+        out = {}
+        sel = fs.FileSelector(self._join("positions"), allow_not_found=True)
+        for info in self.fs.get_file_info(sel):
+            if info.base_name.endswith(".pkl"):
+                step, _, inst = info.base_name[:-4].rpartition("-")
+                with self.fs.open_input_stream(info.path) as f:
+                    out[(step, int(inst))] = pickle.loads(f.read())
+        return out
+
+    def remove(self) -> None:
+        """Delete the run's checkpoints (after a job that finished)."""
+        self.fs.delete_dir(self.path)
+
+
+def load_checkpoint(path: str) -> CompletedCheckpoint:
+    """The checkpoint at ``path``: a ``chk-N`` directory, or a run directory (its newest).
+
+    Raises:
+        FileNotFoundError: nothing resumable is there.
+    """
+    from pyarrow import fs
+
+    filesystem, p = _fs(path)
+    if filesystem.get_file_info(f"{p}/{MANIFEST}").type != fs.FileType.File:
+        store = CheckpointStore.__new__(CheckpointStore)
+        store.root, store.fs, store.path, store.retain = path, filesystem, p, 1
+        ids = store._ids() if filesystem.get_file_info(p).type == fs.FileType.Directory else []
+        if not ids:
+            raise FileNotFoundError(
+                f"{path}: no completed checkpoint here (expected a chk-N directory with "
+                f"{MANIFEST}, or a directory holding them)")
+        return load_checkpoint(f"{path.rstrip('/')}/{ids[-1][1]}")
+    with filesystem.open_input_stream(f"{p}/{MANIFEST}") as f:
+        meta = json.loads(f.read())
+    with filesystem.open_input_stream(f"{p}/{HANDLES}") as f:
+        handles = pickle.loads(f.read())
+    return CompletedCheckpoint(
+        meta["checkpoint_id"], handles, meta["started"], meta["completed"],
+        frozenset(tuple(t) for t in meta.get("finished_tasks", [])),
+        meta.get("savepoint", False), path, meta)

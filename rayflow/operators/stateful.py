@@ -1,0 +1,70 @@
+"""Keyed state per record: ``stateful_map`` (Bytewax's). Pure logic, no Ray; the state lives in
+the step's state backend, so it is checkpointed, restored and rescaled with the keys.
+
+``fn(state, value) -> (state, output)``: ``state`` is None the first time a key is seen;
+returning a state of None drops the key's state. Each record emits ``(key, output)``.
+
+    >>> from rayflow.operators.base import StepContext
+    >>> def running_sum(total, x):
+    ...     total = (total or 0) + x
+    ...     return (None if total >= 5 else total), total
+    >>> logic = StatefulMap(running_sum, key_fn=lambda x: "k").build(StepContext("s", 0, 1))
+    >>> logic.process([2, 2, 3, 1], None).items
+    [('k', 2), ('k', 4), ('k', 7), ('k', 1)]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from rayflow.batches import rows
+from rayflow.operators.base import OperatorSpec, Output, StepContext, describe_exception
+from rayflow.operators.windows import _StatefulLogic
+
+_DROPPED = object()
+
+
+@dataclass(frozen=True)
+class StatefulMap(OperatorSpec):
+    """``fn(state, value) -> (state, output)`` per record, with one state per key."""
+
+    fn: Callable[[Any, Any], tuple[Any, Any]]
+    key_fn: Callable[[Any], Any]
+
+    def build(self, ctx: StepContext, resume_state: Any = None):
+        return _StatefulMapLogic(self, ctx, resume_state)
+
+
+class _StatefulMapLogic(_StatefulLogic):
+    """State: ``key -> state`` (the key itself is the state key)."""
+
+    def process(self, items, event_times):
+        fn, key_fn, state = self.spec.fn, self.spec.key_fn, self.state
+        out, keep, dead = [], [], []
+        cache: dict = {}  # one backend read and write per key and batch
+        for i, rec in enumerate(rows(items)):
+            try:
+                key = key_fn(rec)
+                cur = cache[key] if key in cache else state.get(key)
+                result = fn(None if cur is _DROPPED else cur, rec)
+                if not isinstance(result, tuple) or len(result) != 2:
+                    raise TypeError(f"stateful_map's function must return (state, output), "
+                                    f"got {result!r}")
+                new, value = result
+            except Exception as exc:  # noqa: BLE001 - user code
+                dead.append(self.dead(describe_exception(exc), rec))
+                continue
+            cache[key] = _DROPPED if new is None else new
+            out.append((key, value))
+            keep.append(i)
+        for key, value in cache.items():
+            if value is _DROPPED:
+                state.delete(key)
+            else:
+                state.put(key, value)
+        times = None if event_times is None else np.asarray(event_times)[keep]
+        return Output(out, times, dead)

@@ -1,0 +1,272 @@
+"""Direct channels without Ray: rings, segments, TCP, ordering, overflow, abort (threads as ranks)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+
+from rayflow.hpc import channels, shm
+from rayflow.hpc.channels import Endpoint, Mailbox, StageAborted, node_info
+from rayflow.hpc.comm import Communicator
+
+pytestmark = pytest.mark.skipif(not shm.available(), reason="shared-memory rings need x86-64 Linux")
+
+
+def test_ring_records_wrap_around_and_a_full_ring_refuses():
+    ring = shm.Ring.create(4096)
+    peer = shm.Ring.attach(ring.address)  # the consumer's own mapping of the same memory
+    rng = np.random.default_rng(0)
+    sent, got = [], []
+    for _ in range(200):  # ~70 KiB through 4 KiB: the records wrap many times
+        rec = rng.bytes(int(rng.integers(1, 700)))
+        while not ring.try_write([rec], len(rec)):
+            got.append(bytes(peer.read()))
+        sent.append(rec)
+    while (r := peer.read()) is not None:
+        got.append(bytes(r))
+    assert got == sent
+    assert not peer.readable() and ring.free() == 4096
+    assert ring.try_write([b"x" * 4000], 4000) and not ring.try_write([b"y" * 100], 100)
+    assert bytes(peer.read()) == b"x" * 4000
+    with pytest.raises(ValueError, match="power of two"):
+        shm.Ring.create(5000)
+    peer.close()
+    ring.close()
+
+
+def _group(size, mode="auto", ring_bytes=shm.RING_BYTES):
+    infos = [node_info("node-a", "127.0.0.1") for _ in range(size)]
+    eps = [Endpoint(r, infos, mode=mode, ring_bytes=ring_bytes) for r in range(size)]
+    addrs = [e.address for e in eps]
+    boxes = [Mailbox() for _ in range(size)]
+    ts = [e.connect(addrs, boxes[r], stage="s1", timeout_s=20) for r, e in enumerate(eps)]
+    for t in ts:
+        t.release_fds()
+    return ts, boxes
+
+
+def _run(ts, fn):
+    with ThreadPoolExecutor(len(ts)) as ex:
+        futs = [ex.submit(fn, Communicator(t)) for t in ts]
+        return [f.result(timeout=60) for f in futs]
+
+
+@pytest.fixture(params=["auto", "tcp"])
+def group4(request):
+    if request.param == "tcp":
+        pytest.importorskip("zmq")
+    ts, boxes = _group(4, request.param)
+    assert ts[0].kinds == [None] + [("shm" if request.param == "auto" else "tcp")] * 3
+    yield ts, boxes
+    for t in ts:
+        t.close()
+
+
+def test_collectives_match_numpy(group4):
+    ts, boxes = group4
+    data = [np.linspace(-1, 1, 7) * (r + 1) for r in range(4)]
+
+    def fn(comm):
+        r = comm.rank
+        big = np.arange(300_000, dtype=np.float64) * (r + 1)  # segments and reduce-scatter
+        return {
+            "sum": comm.allreduce(data[r]), "max": comm.allreduce(data[r], "max"),
+            "scalar": comm.allreduce(r + 1), "big": comm.allreduce(big),
+            "bcast": comm.bcast({"v": [1, 2]} if r == 1 else None, root=1),
+            "gather": comm.allgather(np.arange(r + 1)), "a2a": comm.alltoall([(r, d) for d in range(4)]),
+            "barrier": comm.barrier(),
+        }
+
+    stack = np.stack(data)
+    big_sum = np.arange(300_000, dtype=np.float64) * 10
+    for r, o in enumerate(_run(ts, fn)):
+        np.testing.assert_array_equal(o["sum"], stack[0] + stack[1] + stack[2] + stack[3])
+        np.testing.assert_array_equal(o["max"], stack.max(0))
+        assert o["scalar"] == 10
+        np.testing.assert_array_equal(o["big"], big_sum)
+        assert o["bcast"] == {"v": [1, 2]}
+        assert [g.tolist() for g in o["gather"]] == [list(range(k + 1)) for k in range(4)]
+        assert o["a2a"] == [(k, r) for k in range(4)]
+    assert all(b.pending("s1") == 0 for b in boxes)  # nothing left unread
+
+
+@pytest.mark.parametrize("mode", ["auto", "tcp"])
+def test_order_per_source_and_tag_survives_a_full_ring_and_large_arrays(mode):
+    """Rank 0 sends 400 messages on two tags before rank 1 reads any: the 4 KiB ring fills,
+    the rest waits in the sender's queue, and 1 MiB arrays go through segments."""
+    if mode == "tcp":
+        pytest.importorskip("zmq")
+    ts, _ = _group(2, mode, ring_bytes=4096)
+    big = np.arange(131_072, dtype=np.float64)  # 1 MiB
+
+    def fn(comm):
+        if comm.rank == 0:
+            for k in range(200):
+                comm.send((k, "a" * (k % 50)), 1, tag=3)
+                payload = big + k if k % 40 == 0 else np.full(k % 9, k)
+                comm.send(payload, 1, tag=4)
+                big[0] = -1.0  # a send snapshots: the change must not reach the receiver
+                big[0] = 0.0
+            return comm.recv(1, tag=9)
+        time.sleep(0.3)  # let the sender run far ahead
+        tag4 = [comm.recv(0, tag=4) for _ in range(200)]  # one tag first, then the other
+        tag3 = [comm.recv(0, tag=3) for _ in range(200)]
+        comm.send("done", 0, tag=9)
+        return tag3, tag4
+
+    done, (tag3, tag4) = _run(ts, fn)
+    assert done == "done"
+    assert tag3 == [(k, "a" * (k % 50)) for k in range(200)]
+    for k, got in enumerate(tag4):
+        want = np.arange(131_072.0) + k if k % 40 == 0 else np.full(k % 9, k)
+        np.testing.assert_array_equal(got, want)
+        assert got.dtype == want.dtype
+    for t in ts:
+        t.close()
+
+
+def test_arrays_keep_dtype_shape_and_layout():
+    ts, _ = _group(2)
+    objs = [np.arange(12, dtype=np.int32).reshape(3, 4), np.asfortranarray(np.ones((300, 200))),
+            np.arange(10.0)[::2], np.array(3.5), np.zeros((0, 3)), np.arange(70_000, dtype=np.uint8),
+            {"nested": [np.arange(4_000.0)], "s": "x"}, None, 7, 2.5]
+
+    def fn(comm):
+        if comm.rank == 0:
+            for o in objs:
+                comm.send(o, 1)
+            return None
+        return [comm.recv(0) for _ in objs]
+
+    _, got = _run(ts, fn)
+    for o, g in zip(objs, got):
+        if isinstance(o, np.ndarray):
+            assert g.dtype == o.dtype and g.shape == o.shape
+            np.testing.assert_array_equal(g, o)
+        elif isinstance(o, dict):
+            np.testing.assert_array_equal(g["nested"][0], o["nested"][0])
+            assert g["s"] == "x"
+        else:
+            assert g == o
+    for t in ts:
+        t.close()
+
+
+def test_abort_wakes_a_rank_sleeping_on_a_silent_peer():
+    ts, boxes = _group(2)
+    woke = []
+
+    def waiter():
+        try:
+            Communicator(ts[0]).recv(1)
+        except StageAborted as err:
+            woke.append((time.monotonic(), str(err)))
+
+    th = threading.Thread(target=waiter)
+    th.start()
+    time.sleep(0.2)  # well past the spin: the rank sleeps in poll
+    aborted_at = time.monotonic()
+    boxes[0].abort("s1")
+    th.join(timeout=10)
+    assert not th.is_alive() and woke and "s1 was aborted" in woke[0][1]
+    assert woke[0][0] >= aborted_at
+    for t in ts:
+        t.close()
+
+
+def test_a_silent_peer_times_out_and_bad_ranks_are_named():
+    ts, _ = _group(2)
+    t0 = ts[0].for_stage("s2")
+    t0.timeout_s = 0.2
+    with pytest.raises(TimeoutError, match="no message from rank 1"):
+        t0.recv(1, ("k",))
+    with pytest.raises(ValueError, match="destination rank 5 out of range"):
+        ts[0].send(5, ("k",), 1)
+    with pytest.raises(ValueError, match="source rank -1 out of range"):
+        ts[0].recv(-1, ("k",))
+    with pytest.raises(ValueError, match="unknown channel mode 'udp'"):
+        Endpoint(0, [node_info("n")], mode="udp")
+    for t in ts:
+        t.close()
+    with pytest.raises(RuntimeError, match="channels are closed"):
+        ts[1].send(0, ("k",), 1)
+
+
+def test_messages_of_another_stage_wait_for_it():
+    """A peer already in the next stage: its message is kept until that stage reads it."""
+    ts, boxes = _group(2)
+    ts[0].for_stage("s2").send(1, ("k",), "for s2")
+    ts[0].send(1, ("k",), "for s1")
+    assert ts[1].recv(0, ("k",)) == "for s1"
+    boxes[1].forget_other_stages("s2")
+    assert ts[1].for_stage("s2").recv(0, ("k",)) == "for s2"
+    for t in ts:
+        t.close()
+
+
+def test_small_messages_skip_the_pickle_buffers_and_large_ones_use_segments(monkeypatch):
+    """The three paths of a send: in the pickle stream, out-of-band in the ring, a segment."""
+    ts, _ = _group(2)
+    seen = []
+    real = shm.Segment.write
+    monkeypatch.setattr(shm.Segment, "write", staticmethod(
+        lambda parts, name="rayflow-seg": seen.append(sum(p.nbytes for p in parts)) or real(parts)))
+    for n in (10, channels.OOB_BYTES // 8 + 1, channels.SEGMENT_BYTES // 8 + 1):
+        x = np.arange(n, dtype=np.float64)
+        ts[0].send(1, ("k", n), x)
+        got = ts[1].recv(0, ("k", n))
+        np.testing.assert_array_equal(got, x)
+        got[0] = 1.0  # received arrays are private and writable
+    assert seen == [(channels.SEGMENT_BYTES // 8 + 1) * 8]
+    for t in ts:
+        t.close()
+
+
+def test_ranks_spin_only_when_their_node_has_a_core_each():
+    cores = len(__import__("os").sched_getaffinity(0))
+    crowded = [node_info("a") for _ in range(cores + 1)]
+    mixed = [node_info("a")] + [node_info(f"other-{k}") for k in range(cores + 1)]
+    for infos, spin in ((crowded, 0.0), (mixed, channels.SPIN_S)):
+        mode = "auto" if infos is crowded else "tcp"
+        if mode == "tcp":
+            pytest.importorskip("zmq")
+        ep = Endpoint(0, infos, mode=mode)
+        assert ep.spin_s == spin
+        ep._close_inbound()
+
+
+def test_a_large_bcast_is_written_once_and_its_segment_closes_once_all_have_read(monkeypatch):
+    import os
+
+    ts, _ = _group(4)
+    writes = []
+    real = shm.Segment.write
+    monkeypatch.setattr(shm.Segment, "write", staticmethod(
+        lambda parts, name="rayflow-seg": writes.append(name) or real(parts, name)))
+    x = np.arange(100_000, dtype=np.float64)  # 800 kB: a segment
+    links = [ts[0]._ch.links[d] for d in (1, 2, 3)]
+
+    def fn(comm):
+        got = comm.bcast(x if comm.rank == 0 else None, root=0)
+        held = None
+        if comm.rank == 0:  # no other send yet: the descriptor stays open for the readers
+            (seg,) = {lk.segments[0][1] for lk in links}
+            held = (seg, os.fstat(seg.fd).st_size)
+        comm.barrier()
+        comm.barrier()  # the first barrier's sends may come before every reader has read
+        return got, held
+
+    outs = _run(ts, fn)
+    for got, _ in outs:
+        np.testing.assert_array_equal(got, x)
+    seg, size = outs[0][1]
+    assert len(writes) == 1 and writes[0].endswith("-many") and size >= x.nbytes
+    assert all(not lk.segments for lk in links)
+    with pytest.raises(OSError):  # closed by the last reader's release
+        os.fstat(seg.fd)
+    for t in ts:
+        t.close()

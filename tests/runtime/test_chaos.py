@@ -1,0 +1,258 @@
+"""Delivery guarantees under random failures, through the public API only.
+
+A keyed count window over sentences in 4 Kafka partitions, parallelism 2, checkpoints every
+0.3 s, the embedded broker. Actors are killed with ``ray.kill`` (a machine failure: no
+cleanup) at random moments: any step actor, the checkpoint coordinator, one or two at a
+time, the second one while the job is recovering from the first, and a sink in the middle
+of its Kafka transaction.
+
+The windows' output ``(word, window index, count)`` does not depend on the order in which
+partitions interleave, so every run must equal the plain-Python ground truth exactly:
+exactly-once equals it, at-least-once contains all of it, at-most-once repeats no record.
+The quick trials run in the suite; ``-m slow`` runs the random matrix.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import threading
+import time
+from collections import Counter
+
+import pytest
+
+import rayflow as rf
+from rayflow.connectors.base import FINAL_EPOCH
+from rayflow.connectors.kafka import create_topic, produce, read_values
+from rayflow.operators.windows import Count, CountWindow, Reduce
+from rayflow.testing import CrashBeforeCommit, CrashDuringCommit, wait_for
+
+N = 2400  # sentences
+WORDS = [f"w{i}" for i in range(40)]
+
+
+def _sentences(n: int, seed: int = 7) -> list[bytes]:
+    rng = random.Random(seed)
+    return [json.dumps({"id": i, "words": [rng.choice(WORDS) for _ in range(6)]}).encode()
+            for i in range(n)]
+
+
+def _parse(raw: bytes) -> list[tuple[str, int]]:
+    time.sleep(0.0004)  # stretch the run over many checkpoints
+    msg = json.loads(raw)
+    return [(w, msg["id"] * 10 + k) for k, w in enumerate(msg["words"])]
+
+
+def _expected() -> Counter:
+    counts = Counter(w for raw in _sentences(N) for w in json.loads(raw)["words"])
+    out: Counter = Counter()
+    for w, n in counts.items():
+        for i in range(n // 10):
+            out[(w, i, 10)] += 1
+        if n % 10:
+            out[(w, n // 10, n % 10)] += 1
+    return out
+
+
+@pytest.fixture(scope="module")
+def chaos_input(kafka_broker):
+    bs = kafka_broker.bootstrap
+    topic = f"chaos-in-{time.time_ns()}"
+    create_topic(bs, topic, 4)
+    produce(bs, topic, _sentences(N), partitions=4)
+    return topic
+
+
+def _flow(bs, topic_in, topic_out, name, sink_par, sink_wrap=None):
+    flow = rf.Dataflow(name)
+    sink = rf.KafkaSink(topic_out, bootstrap=bs)
+    (flow.source("src", rf.KafkaSource(topic_in, bootstrap=bs, bounded=True), parallelism=2)
+         .flat_map("parse", _parse)
+         .key_by(lambda r: r[0])
+         .window("count", CountWindow(10), Count())
+         .map("fmt", lambda r: json.dumps([r.key, r.start, r.value]).encode())
+         .sink("out", sink_wrap(sink) if sink_wrap else sink, parallelism=sink_par))
+    return flow
+
+
+def _windows(bs, topic) -> Counter:
+    return Counter(tuple(json.loads(v)) for v in read_values(bs, topic, "read_committed"))
+
+
+class _Killer(threading.Thread):
+    """Kills ``kills`` random actors of a running job: the first after ``first_s``, each
+    next one ``gap_s`` later (inside the recovery the previous kill started)."""
+
+    def __init__(self, job, rng, kills, first_s, gap_s, targets):
+        super().__init__(daemon=True)
+        self.job, self.rng, self.kills = job, rng, kills
+        self.first_s, self.gap_s, self.targets = first_s, gap_s, targets
+        self.killed: list[str] = []
+
+    def run(self):
+        import ray
+
+        time.sleep(self.first_s)
+        for _ in range(self.kills):
+            if self.job.state not in ("RUNNING", "STOPPING"):
+                return
+            pool = []
+            if "step" in self.targets:
+                pool += [("step", a) for a in self.job.actors()]
+            if "coordinator" in self.targets and self.job.coordinator is not None:
+                pool.append(("coordinator", self.job.coordinator))
+            if not pool:
+                return
+            what, actor = self.rng.choice(pool)
+            try:
+                ray.kill(actor, no_restart=True)
+                self.killed.append(what)
+            except Exception:  # noqa: BLE001 - already gone
+                pass
+            time.sleep(self.gap_s)
+
+
+def _trial(bs, chaos_input, guarantee, sink_par, seed, kills, targets, sink_wrap=None,
+           backend="memory", tmp_path=None):
+    rng = random.Random(seed)
+    out = f"chaos-out-{seed}-{time.time_ns()}"
+    create_topic(bs, out, 2)
+    chk = {"interval_s": 0.3, "processing_guarantee": guarantee, "max_restarts": 8,
+           "state_backend": backend}
+    if tmp_path is not None:
+        chk["state_dir"] = str(tmp_path)
+    job = rf.run(_flow(bs, chaos_input, out, f"chaos-{seed}", sink_par, sink_wrap),
+                 background=True, checkpoint=chk, stream={"batch_size": 40})
+    killer = None
+    if kills:
+        wait_for(lambda: any(c["status"] == "completed" for c in job.checkpoints()), 60)
+        killer = _Killer(job, rng, kills, rng.uniform(0.0, 0.8), rng.uniform(0.2, 1.5),
+                         targets)
+        killer.start()
+    job.wait(240)
+    if killer is not None:
+        killer.join(10)
+    return job, _windows(bs, out), (killer.killed if killer else [])
+
+
+def _check(guarantee, got: Counter, expected: Counter, note: str) -> None:
+    if guarantee == "exactly_once":
+        assert got == expected, (note, "missing", expected - got, "extra", got - expected)
+    elif guarantee == "at_least_once":
+        assert not (expected - got), (note, "missing", expected - got)
+
+
+@pytest.fixture(scope="module")
+def expected():
+    return _expected()
+
+
+def test_failure_free_run_equals_ground_truth(ray_session, kafka_broker, chaos_input,
+                                              expected):
+    job, got, _ = _trial(kafka_broker.bootstrap, chaos_input, "exactly_once", 2, 0, 0, ())
+    assert got == expected
+    assert sum(c["status"] == "completed" for c in job.checkpoints()) >= 2
+
+
+def test_sink_dies_inside_its_transaction(ray_session, kafka_broker, chaos_input, expected,
+                                          tmp_path):
+    """Every record of the epoch reached the broker, the transaction did not commit: the
+    restore writes only what is not there (on this broker: nothing of that epoch)."""
+    marker = str(tmp_path / "crashed")
+    job, got, _ = _trial(kafka_broker.bootstrap, chaos_input, "exactly_once", 2, 1, 0, (),
+                         sink_wrap=lambda s: CrashDuringCommit(s, marker, instance=1))
+    assert (tmp_path / "crashed").exists() and len(job.recoveries) == 1
+    _check("exactly_once", got, expected, "mid-commit")
+
+
+def test_sink_dies_committing_its_last_epoch(ray_session, kafka_broker, chaos_input, expected,
+                                             tmp_path):
+    """A checkpoint holding the sink's final state is complete (its windows flushed), then
+    the sink dies committing its last epoch: the restore commits the rest and flushes no
+    window a second time."""
+    marker = str(tmp_path / "crashed")
+    job, got, _ = _trial(kafka_broker.bootstrap, chaos_input, "exactly_once", 2, 2, 0, (),
+                         sink_wrap=lambda s: CrashBeforeCommit(s, FINAL_EPOCH, marker))
+    assert (tmp_path / "crashed").exists() and len(job.recoveries) == 1
+    assert job.recoveries[0]["restored_checkpoint"] is not None
+    _check("exactly_once", got, expected, "final commit")
+
+
+def test_coordinator_killed(ray_session, kafka_broker, chaos_input, expected):
+    import ray
+
+    bs = kafka_broker.bootstrap
+    out = f"chaos-coord-{time.time_ns()}"
+    create_topic(bs, out, 1)
+    job = rf.run(_flow(bs, chaos_input, out, "chaos-coord", 1), background=True,
+                 checkpoint={"interval_s": 0.3, "processing_guarantee": "exactly_once"},
+                 stream={"batch_size": 40})
+    wait_for(lambda: any(c["status"] == "completed" for c in job.checkpoints()), 60)
+    ray.kill(job.coordinator, no_restart=True)
+    job.wait(240)  # the supervisor recovers without anyone calling wait() first
+    assert job.status() == "FINISHED" and len(job.recoveries) == 1
+    _check("exactly_once", _windows(bs, out), expected, "coordinator")
+    assert not [a for a in job.actors()]  # nothing left running
+
+
+def test_two_kills_the_second_during_recovery(ray_session, kafka_broker, chaos_input,
+                                              expected):
+    job, got, killed = _trial(kafka_broker.bootstrap, chaos_input, "exactly_once", 2, 11, 2,
+                              ("step",))
+    assert len(killed) == 2 and len(job.recoveries) >= 2
+    _check("exactly_once", got, expected, f"killed {killed}")
+
+
+def test_recovery_runs_without_anyone_waiting(ray_session, kafka_broker, chaos_input):
+    import ray
+
+    bs = kafka_broker.bootstrap
+    out = f"chaos-bg-{time.time_ns()}"
+    create_topic(bs, out, 1)
+    job = rf.run(_flow(bs, chaos_input, out, "chaos-bg", 1), background=True,
+                 checkpoint={"interval_s": 0.3, "processing_guarantee": "exactly_once"},
+                 stream={"batch_size": 40})
+    wait_for(lambda: any(c["status"] == "completed" for c in job.checkpoints()), 60)
+    ray.kill(job.hosts[("count", 0)], no_restart=True)
+    wait_for(lambda: job.recoveries and job.recoveries[-1]["restart_s"] is not None, 60)
+    job.wait(240)
+
+
+def test_at_most_once_stateful_repeats_no_record(ray_session, kafka_broker, chaos_input):
+    """The windows collect the ids of their records: after a kill no id appears twice."""
+    import ray
+
+    bs = kafka_broker.bootstrap
+    flow = rf.Dataflow("chaos-amo")
+    (flow.source("src", rf.KafkaSource(chaos_input, bootstrap=bs, bounded=True),
+                 parallelism=2)
+         .flat_map("parse", _parse)
+         .key_by(lambda r: r[0])
+         .window("ids", CountWindow(10), Reduce(lambda acc, r: acc + (r[1],), ()))
+         .sink("out", rf.CollectSink()))
+    job = rf.run(flow, background=True, stream={"batch_size": 40},
+                 checkpoint={"interval_s": 0.3, "processing_guarantee": "at_most_once"})
+    wait_for(lambda: any(c["status"] == "completed" for c in job.checkpoints()), 60)
+    wait_for(lambda: job.metrics()["out"]["records_in"] > 50, 60)
+    ray.kill(job.hosts[("ids", 1)], no_restart=True)
+    job.wait(240)
+    assert len(job.recoveries) == 1
+    ids = Counter(i for r in job.collect("out") for i in r.value)
+    assert ids and max(ids.values()) == 1
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", range(100, 112))
+def test_random_kills(ray_session, kafka_broker, chaos_input, expected, seed, tmp_path):
+    rng = random.Random(seed)
+    guarantee = rng.choice(["exactly_once", "exactly_once", "at_least_once"])
+    sink_par = rng.choice([1, 2])
+    kills = rng.choice([1, 2])
+    backend = rng.choice(["memory", "filesystem", "rocksdb"])
+    job, got, killed = _trial(kafka_broker.bootstrap, chaos_input, guarantee, sink_par, seed,
+                              kills, ("step", "coordinator"), backend=backend,
+                              tmp_path=tmp_path)
+    print(f"seed={seed} {guarantee} sink_par={sink_par} backend={backend} killed={killed} "
+          f"recoveries={len(job.recoveries)}")
+    _check(guarantee, got, expected, f"seed {seed}: killed {killed}")

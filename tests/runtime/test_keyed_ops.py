@@ -1,0 +1,110 @@
+"""Session windows, joins and stateful_map on the runtime: out-of-order input from several
+source instances, parallelism 1 (chained where the graph allows) and 3 (unchained), against
+plain Python."""
+
+import math
+from collections import Counter, defaultdict
+
+import numpy as np
+import pytest
+
+import rayflow as rf
+from rayflow.operators.windows import Count, EventTime, SessionWindow, TumblingWindow
+
+# (parallelism of the keyed step, chaining); parallelism 3 starts 8-10 actors: slow here
+CASES = [(1, True), pytest.param(3, False, marks=pytest.mark.slow)]
+WM = EventTime(timestamp=lambda r: r[1], max_delay_s=2.0)
+
+
+def _records(seed, n, name, keys=5, span=200.0):
+    """Out of order by up to 2 s (within max_delay_s), read by two source instances."""
+    rng = np.random.default_rng(seed)
+    t = np.sort(rng.uniform(0, span, n)) + rng.uniform(0, 2.0, n)
+    return [(f"k{int(k)}", round(float(x), 3), f"{name}{i}")
+            for i, (k, x) in enumerate(zip(rng.integers(0, keys, n), t))]
+
+
+def _run(flow, chaining):
+    return flow.run(stream={"batch_size": 64, "chaining": chaining}, timeout_s=180)
+
+
+@pytest.mark.parametrize("par,chaining", CASES)
+def test_session_windows(ray_session, par, chaining):
+    recs = _records(1, 3000, "s", keys=7, span=900.0)
+    f = rf.Dataflow(f"sessions-{par}")
+    out = (f.source("src", rf.MemorySource(recs), parallelism=2, watermarks=WM)
+            .map("id", lambda r: r, parallelism=2)
+            .key_by(lambda r: r[0])
+            .window("sess", SessionWindow(1.0), Count(), clock=EventTime(), parallelism=par))
+    out.sink("out", rf.CollectSink(), parallelism=par)
+    out.side("late").sink("late", rf.CollectSink())
+    job = _run(f, chaining)
+    assert job.collect("late") == []
+    by_key = defaultdict(list)
+    for k, t, _ in recs:
+        by_key[k].append(t)
+    want = set()
+    for k, ts in by_key.items():
+        ts.sort()
+        start = prev = ts[0]
+        n = 0
+        for t in ts:
+            if t - prev > 1.0:
+                want.add((k, start, prev + 1.0, n))
+                start, n = t, 0
+            prev, n = t, n + 1
+        want.add((k, start, prev + 1.0, n))
+    got = [(r.key, r.start, r.end, r.value) for r in job.collect("out")]
+    assert len(got) == len(set(got)) and set(got) == want
+
+
+def _two_sided(name, par, left, right):
+    f = rf.Dataflow(name)
+    a = f.source("left", rf.MemorySource(left), parallelism=2, watermarks=WM)
+    b = f.source("right", rf.MemorySource(right), parallelism=2, watermarks=WM)
+    return f, a.key_by(lambda r: r[0]), b.key_by(lambda r: r[0])
+
+
+@pytest.mark.parametrize("par,chaining", CASES)
+def test_window_join_left(ray_session, par, chaining):
+    left, right = _records(2, 800, "L"), _records(3, 600, "R")
+    f, a, b = _two_sided(f"join-{par}", par, left, right)
+    a.join("j", b, TumblingWindow(5.0), how="left", clock=EventTime(),
+           parallelism=par).sink("out", rf.CollectSink(), parallelism=par)
+    job = _run(f, chaining)
+    rw = defaultdict(list)
+    for r in right:
+        rw[(r[0], math.floor(r[1] / 5.0))].append(r)
+    want = Counter()
+    for r in left:
+        matches = rw.get((r[0], math.floor(r[1] / 5.0)), [])
+        want.update([(r[0], r, m) for m in matches] or [(r[0], r, None)])
+    got = Counter((k, tuple(x), None if y is None else tuple(y))
+                  for k, x, y in job.collect("out"))
+    assert got == want
+
+
+@pytest.mark.parametrize("par,chaining", CASES)
+def test_interval_join(ray_session, par, chaining):
+    left, right = _records(4, 600, "L"), _records(5, 600, "R")
+    f, a, b = _two_sided(f"ijoin-{par}", par, left, right)
+    a.interval_join("j", b, -0.5, 1.0, parallelism=par).sink("out", rf.CollectSink(),
+                                                              parallelism=par)
+    job = _run(f, chaining)
+    want = Counter((x[0], x, y) for x in left for y in right
+                   if x[0] == y[0] and x[1] - 0.5 <= y[1] <= x[1] + 1.0)
+    assert Counter(job.collect("out")) == want
+
+
+@pytest.mark.parametrize("par,chaining", CASES)
+def test_stateful_map_counts_per_key(ray_session, par, chaining):
+    recs = _records(6, 3000, "m", keys=11)
+    f = rf.Dataflow(f"smap-{par}")
+    (f.source("src", rf.MemorySource(recs), parallelism=2)
+      .key_by(lambda r: r[0])
+      .stateful_map("n", lambda n, r: ((n or 0) + 1, (n or 0) + 1), parallelism=par)
+      .sink("out", rf.CollectSink(), parallelism=par))
+    job = _run(f, chaining)
+    per_key = Counter(k for k, _, _ in recs)
+    assert Counter(job.collect("out")) == Counter(
+        {(k, i): 1 for k, n in per_key.items() for i in range(1, n + 1)})
