@@ -66,6 +66,7 @@ class CompletedCheckpoint:
     finished: float
     finished_tasks: frozenset = frozenset()
     savepoint: bool = False
+    drained: frozenset = frozenset()  # finished tasks that flushed (not stopped at a savepoint)
     path: str | None = None
     meta: dict = field(default_factory=dict)  # job, plan, backend: see rayflow.checkpoint_store
 
@@ -117,6 +118,7 @@ class Coordinator:
         self.pending: _Pending | None = None
         self.latest = latest
         self.finished: dict[Task, Any] = {}  # task -> its final state handle
+        self.drained: set[Task] = set()  # finished tasks that flushed their open state
         self.last_end: float | None = None
         self.history: list[dict] = []
 
@@ -172,13 +174,16 @@ class Coordinator:
         p.acks[task] = handle
         return self._maybe_complete(p.started if now is None else now)
 
-    def task_finished(self, task: Task, now: float, handle: Any = None) -> list:
+    def task_finished(self, task: Task, now: float, handle: Any = None,
+                      drained: bool = True) -> list:
         """``task`` reached the end of its stream; ``handle`` is its final state. A checkpoint
         in flight that it had not acknowledged takes the final state: everything the task
         did lies before any barrier it could still have seen."""
         if task not in self.tasks:
             return []
         self.finished[task] = handle
+        if drained:
+            self.drained.add(task)
         p = self.pending
         if p is not None and task not in p.acks:
             p.acks[task] = handle
@@ -201,7 +206,8 @@ class Coordinator:
             return []
         final = frozenset(p.final)
         self.latest = CompletedCheckpoint(p.checkpoint_id, dict(p.acks), p.started, now,
-                                          final, p.savepoint)
+                                          final, p.savepoint,
+                                          frozenset(final & self.drained))
         self.history.append({"id": p.checkpoint_id, "duration_s": now - p.started,
                              "status": "completed"})
         self.pending = None

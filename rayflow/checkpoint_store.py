@@ -85,6 +85,7 @@ class CheckpointStore:
             "savepoint": chk.savepoint,
             "final": chk.final,
             "finished_tasks": sorted([list(t) for t in chk.finished_tasks]),
+            "drained_tasks": sorted([list(t) for t in chk.drained]),
             "tasks": sorted([list(t) for t in chk.handles]),
             "written": time.time(),
         }
@@ -170,4 +171,5 @@ def load_checkpoint(path: str) -> CompletedCheckpoint:
     return CompletedCheckpoint(
         meta["checkpoint_id"], handles, meta["started"], meta["completed"],
         frozenset(tuple(t) for t in meta.get("finished_tasks", [])),
-        meta.get("savepoint", False), path, meta)
+        savepoint=meta.get("savepoint", False), path=path, meta=meta,
+        drained=frozenset(tuple(t) for t in meta.get("drained_tasks", [])))

@@ -433,5 +433,44 @@ def report(results_dir: Path, out_file: Path, plots_dir: Path | None) -> None:
     click.echo(f"wrote {path}")
 
 
+@main.command(context_settings={"ignore_unknown_options": True})
+@click.option("-n", "-np", "--np", "num_ranks", type=click.IntRange(min=1), required=True,
+              help="Number of MPI ranks.")
+@click.option("--address", default=None, help="Ray address (a private local Ray if omitted).")
+@click.option("--backend", type=click.Choice(["ray", "gloo"]), default=None,
+              help="Rank transport (default hpc.backend: ray).")
+@click.option("--retries", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Rerun the whole program this many times after a failed attempt.")
+@click.option("--rank-cpus", type=float, default=None, help="CPUs reserved per rank.")
+@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
+def mpirun(num_ranks: int, address: str | None, backend: str | None, retries: int,
+           rank_cpus: float | None, command: tuple[str, ...]) -> None:
+    """Run an mpi4py program on N gang-scheduled Ray ranks, as `mpiexec -n N` would:
+    `rayflow mpirun -n 4 -- python prog.py ARGS`.
+
+    `from mpi4py import MPI` resolves to rayflow.hpc.MPI in every rank; output lines are
+    prefixed with the rank (`[0] ...`) and the exit status is the worst rank's.
+    """
+    from rayflow._raycontext import ensure_ray
+    from rayflow.hpc.mpirun import MPIRunError, run_mpi
+
+    args = list(command)
+    if args and os.path.basename(args[0]).startswith("python"):
+        args = args[1:]
+    if not args or args[0].startswith("-"):
+        raise click.UsageError("give the program as `-- python prog.py ARGS` (python options "
+                               f"such as {args[0] if args else '-m'!r} are not supported)")
+    if address:
+        os.environ.setdefault("RAY_AUTH_MODE", "token")  # a client by address needs the token
+    ensure_ray(address)
+    try:
+        result = run_mpi(args[0], num_ranks, args=args[1:], backend=backend, retries=retries,
+                         rank_num_cpus=rank_cpus)
+    except MPIRunError as exc:
+        click.secho(f"rayflow mpirun: {exc}", fg="red", err=True)
+        sys.exit(exc.result.exit_code)
+    sys.exit(result.exit_code)
+
+
 if __name__ == "__main__":
     main()

@@ -4,7 +4,7 @@ The measure is **USS** (unique set size: pages that belong to one process only),
 the driver, the Ray instance's processes (GCS, raylet, agents) and every worker and actor
 process, sampled while the job runs. RSS would count the object store's shared pages once
 in every process that maps them (reading an 80 MiB object raised RSS by 114 MiB and USS by
-11 MiB, see RAY_NOTES), so the object store is reported on its own: the peak of Ray's
+11 MiB on this project's test machine), so the object store is reported on its own: the peak of Ray's
 "Plasma memory usage" (MiB granularity). Job memory is the peak USS sum *above* the same
 sum measured on the idle Ray just before the job started, plus nothing else.
 

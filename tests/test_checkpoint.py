@@ -110,3 +110,13 @@ def test_restored_coordinator_continues_ids():
     c = Coordinator(TASKS, interval_s=1.0, first_id=8)
     c.tick(0)
     assert c.tick(1) == [Trigger(8)]
+
+
+def test_tasks_stopped_at_a_savepoint_are_finished_but_not_drained():
+    """A resume must flush what a savepoint stop kept open, and never what a task that ran
+    to its end already flushed."""
+    c = Coordinator(TASKS, interval_s=0, sources={("src", 0), ("src", 1)})
+    c.task_finished(("src", 0), 1.0, "a", drained=False)
+    c.task_finished(("src", 1), 1.0, "b", drained=True)
+    c.task_finished(("sink", 0), 1.1, "k", drained=False)
+    assert c.latest.final and c.latest.drained == frozenset({("src", 1)})

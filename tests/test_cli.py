@@ -166,3 +166,20 @@ def test_kafka_up_waits_as_long_as_the_config_says(monkeypatch):
     res = CliRunner().invoke(main, ["kafka", "up", "--json"])
     assert res.exit_code == 0, res.output
     assert got == {"port": None, "timeout_s": 42.5}
+
+
+def test_run_resume_passes_the_checkpoint_to_the_script(tmp_path):
+    """`rayflow run --resume PATH` checks PATH and hands it to the script's rayflow.run."""
+    from rayflow.checkpoint import CompletedCheckpoint
+    from rayflow.checkpoint_store import CheckpointStore
+
+    script = tmp_path / "show.py"
+    script.write_text("import os; print('RESUME', os.environ.get('RAYFLOW_RESUME_FROM'))\n")
+    bad = CliRunner().invoke(main, ["run", "--resume", str(tmp_path / "nothing"), str(script)])
+    assert bad.exit_code != 0 and "no completed checkpoint" in bad.output
+    store = CheckpointStore(str(tmp_path / "run"))
+    path = store.write(CompletedCheckpoint(4, {("s", 0): 1}, 0.0, 1.0), {"job": "x"})
+    out = subprocess.run([sys.executable, "-m", "rayflow", "run", "--resume", path,
+                          str(script)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert f"RESUME {path}" in out.stdout

@@ -308,7 +308,37 @@ class _KafkaReader(SourceReader):
 
 # -- client adapters: the only code that knows each client's API -----------------------------
 
-class _KPConsumer:
+class _ReadBack:
+    """Reading a topic back (an exactly-once sink's restore), over a consumer adapter's
+    ``partitions``, ``watermarks``, ``assign`` and its ``_headers``/``_position``."""
+
+    def end_offsets(self, topic) -> dict[int, int]:
+        parts = self.partitions(topic)
+        if not parts:
+            raise ValueError(f"Kafka topic {topic!r} does not exist or has no partitions")
+        return self.watermarks(topic, sorted(parts))[1]
+
+    def scan_headers(self, topic, start: dict[int, int], key: str,
+                     timeout_s: float = 60.0) -> list[bytes]:
+        """Values of header ``key`` of every record from ``start`` to the end (as this
+        consumer's isolation level shows them)."""
+        if not start:
+            return []
+        target = _high_watermarks(self, topic, start)
+        self.assign(topic, start)
+        out: list[bytes] = []
+        idle, deadline = 0, time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            got = self._headers(key)
+            idle = 0 if got is not None else idle + 1
+            out.extend(got or ())
+            at_end = all(o >= target[p] for p, o in self._position(topic, start).items())
+            if idle >= 2 and (at_end or idle >= 20):
+                return out
+        raise TimeoutError(f"reading topic {topic!r} back took over {timeout_s:.0f} s")
+
+
+class _KPConsumer(_ReadBack):
     def __init__(self, bootstrap: str, group_id: str | None, options: dict):
         from kafka import KafkaConsumer
 
@@ -369,35 +399,17 @@ class _KPConsumer:
         most polls never need them)."""
         return [(tp.partition, r.offset) for tp, recs in self._got.items() for r in recs]
 
-    def end_offsets(self, topic) -> dict[int, int]:
-        parts = self.partitions(topic)
-        if not parts:
-            raise ValueError(f"Kafka topic {topic!r} does not exist or has no partitions")
-        return self.watermarks(topic, sorted(parts))[1]
+    def _headers(self, key: str) -> list[bytes] | None:
+        """One poll: the values of header ``key`` (None when the poll returned nothing)."""
+        got = self.consumer.poll(timeout_ms=300, max_records=100_000)
+        if not got:
+            return None
+        return [v for recs in got.values() for r in recs for k, v in (r.headers or ()) if k == key]
 
-    def scan_headers(self, topic, start: dict[int, int], key: str,
-                     timeout_s: float = 60.0) -> list[bytes]:
-        """Values of header ``key`` of every record from ``start`` to the end (as this
-        consumer's isolation level shows them)."""
+    def _position(self, topic, parts) -> dict[int, int]:
         from kafka import TopicPartition
 
-        if not start:
-            return []
-        target = _high_watermarks(self, topic, start)
-        self.assign(topic, start)
-        tps = [TopicPartition(topic, p) for p in start]
-        out: list[bytes] = []
-        idle, deadline = 0, time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            got = self.consumer.poll(timeout_ms=300, max_records=100_000)
-            idle = 0 if got else idle + 1
-            for recs in got.values():
-                for r in recs:
-                    out.extend(v for k, v in (r.headers or ()) if k == key)
-            at_end = all(self.consumer.position(tp) >= target[tp.partition] for tp in tps)
-            if idle >= 2 and (at_end or idle >= 20):
-                return out
-        raise TimeoutError(f"reading topic {topic!r} back took over {timeout_s:.0f} s")
+        return {p: self.consumer.position(TopicPartition(topic, p)) for p in parts}
 
     def commit(self, topic, offsets):
         from kafka import TopicPartition
@@ -443,7 +455,7 @@ class _KPConsumer:
         self.consumer.close()
 
 
-class _ConfluentConsumer:
+class _ConfluentConsumer(_ReadBack):
     def __init__(self, bootstrap: str, group_id: str | None, options: dict):
         from confluent_kafka import Consumer
 
@@ -499,36 +511,20 @@ class _ConfluentConsumer:
     def positions(self) -> list[tuple[int, int]]:
         return [(m.partition(), m.offset()) for m in self._msgs]
 
-    def end_offsets(self, topic) -> dict[int, int]:
-        parts = self.partitions(topic)
-        if not parts:
-            raise ValueError(f"Kafka topic {topic!r} does not exist or has no partitions")
-        return self.watermarks(topic, sorted(parts))[1]
+    def _headers(self, key: str) -> list[bytes] | None:
+        msgs = self.consumer.consume(num_messages=100_000, timeout=0.3)
+        if not msgs:
+            return None
+        for m in msgs:
+            if m.error():
+                raise RuntimeError(f"Kafka consume error: {m.error()}")
+        return [v for m in msgs for k, v in (m.headers() or ()) if k == key]
 
-    def scan_headers(self, topic, start: dict[int, int], key: str,
-                     timeout_s: float = 60.0) -> list[bytes]:
-        """Values of header ``key`` of every record from ``start`` to the end (as this
-        consumer's isolation level shows them)."""
+    def _position(self, topic, parts) -> dict[int, int]:
         from confluent_kafka import TopicPartition
 
-        if not start:
-            return []
-        target = _high_watermarks(self, topic, start)
-        self.assign(topic, start)
-        out: list[bytes] = []
-        idle, deadline = 0, time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            msgs = self.consumer.consume(num_messages=100_000, timeout=0.3)
-            idle = 0 if msgs else idle + 1
-            for m in msgs:
-                if m.error():
-                    raise RuntimeError(f"Kafka consume error: {m.error()}")
-                out.extend(v for k, v in (m.headers() or ()) if k == key)
-            pos = self.consumer.position([TopicPartition(topic, p) for p in start])
-            at_end = all(tp.offset >= target[tp.partition] for tp in pos)
-            if idle >= 2 and (at_end or idle >= 20):
-                return out
-        raise TimeoutError(f"reading topic {topic!r} back took over {timeout_s:.0f} s")
+        got = self.consumer.position([TopicPartition(topic, p) for p in parts])
+        return {tp.partition: tp.offset for tp in got}
 
     def commit(self, topic, offsets):
         from confluent_kafka import TopicPartition

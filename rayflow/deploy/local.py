@@ -9,7 +9,7 @@
 
 A head is ``ray start --head --block`` in its own session, with its own ``--temp-dir`` and
 every port chosen free, so it never meets another cluster on the machine (``ray stop`` would
-kill every cluster of the user: RAY_NOTES). It is ended by PID: the ``ray start`` process,
+kill every cluster of the user). It is ended by PID: the ``ray start`` process,
 its descendants, and any process that names the head's temp dir or GCS port on its command
 line (the fake provider's nodes are started by the autoscaler, outside that tree).
 A record of the running head goes to ``<state dir>/head.json`` for ``rayflow cluster

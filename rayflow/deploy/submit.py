@@ -159,7 +159,7 @@ def check_reachable(address: str, timeout_s: float = CONNECT_TIMEOUT_S) -> None:
 
 
 def _client(address: str, connect_timeout_s: float = CONNECT_TIMEOUT_S):
-    os.environ.setdefault("RAY_AUTH_MODE", "token")  # before Ray is imported (RAY_NOTES)
+    os.environ.setdefault("RAY_AUTH_MODE", "token")  # before Ray is imported
     check_reachable(address, connect_timeout_s)
     from ray.job_submission import JobSubmissionClient
 

@@ -27,6 +27,8 @@ _EXPORTS = {
     "shuffle_matmul": "rayflow.hpc.baselines",
     "broadcast_cg": "rayflow.hpc.baselines",
     "register_ray_backend": "rayflow.hpc.ray_collective",
+    "run_mpi": "rayflow.hpc.mpirun",
+    "MPIRunError": "rayflow.hpc.mpirun",
 }
 
 __all__ = sorted(_EXPORTS)

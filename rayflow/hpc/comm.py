@@ -77,6 +77,12 @@ class Transport(Protocol):
 
     # Optional: ``isend(dest, key, obj) -> Request`` sends without a snapshot (the caller
     # leaves ``obj`` unchanged until ``wait``); transports without it get a buffered send.
+    # Optional: ``try_recv(src, key)`` returns the message, or :data:`NO_MESSAGE` at once if
+    # it has not arrived; the MPI module polls it for ``ANY_SOURCE`` and ``Request.Test``.
+
+
+#: What a transport's optional ``try_recv`` returns when the message has not arrived.
+NO_MESSAGE = type("NoMessage", (), {"__repr__": lambda self: "NO_MESSAGE"})()
 
 
 class Request:
@@ -611,6 +617,9 @@ class LocalTransport:
     def send_many(self, dests: Sequence[int], key: tuple, obj: Any) -> None:
         for d in dests:
             self.send(d, key, obj)
+
+    def try_recv(self, src: int, key: tuple) -> Any:
+        return self._box.pop(key, NO_MESSAGE)
 
     def recv(self, src: int, key: tuple) -> Any:
         try:

@@ -41,6 +41,7 @@ class CoordinatorActor:
         self.history: list[dict] = []
         self.outcomes: dict[int, str] = {}  # checkpoint id -> "completed" or "aborted: why"
         self.restore_point: dict = {"latest": None, "next_id": 1}
+        self.error: str | None = None  # a checkpoint that could not be made durable
         self.store = CheckpointStore(store_root) if store_root else None
         self.meta = dict(meta or {})
         self.durable_positions = durable_positions and self.store is not None
@@ -83,10 +84,11 @@ class CoordinatorActor:
             if self.core is not None:
                 self._do(self.core.ack(checkpoint_id, task, handle, time.time()))
 
-    def task_finished(self, task: tuple[str, int], handle: Any = None) -> None:
+    def task_finished(self, task: tuple[str, int], handle: Any = None,
+                      drained: bool = True) -> None:
         with self.lock:
             if self.core is not None:
-                self._do(self.core.task_finished(task, time.time(), handle))
+                self._do(self.core.task_finished(task, time.time(), handle, drained))
 
     def set_enumerators(self, enumerators: dict[str, Any]) -> bool:
         """The split enumerators of the source steps (replaced at each start or recovery)."""
@@ -126,6 +128,10 @@ class CoordinatorActor:
         """``completed``, ``aborted: why``, or None while in flight."""
         with self.lock:
             return self.outcomes.get(checkpoint_id)
+
+    def health(self) -> str | None:
+        """Why the job cannot go on (a checkpoint store that fails), or None."""
+        return self.error
 
     def done(self) -> bool:
         with self.lock:
@@ -170,6 +176,8 @@ class CoordinatorActor:
                         log.error("checkpoint %d could not be written to %s: %s",
                                   act.checkpoint_id, self.store.root, exc)
                         self.outcomes[act.checkpoint_id] = f"aborted: not durable: {exc}"
+                        self.error = (f"checkpoint {act.checkpoint_id} could not be written "
+                                      f"to {self.store.root}: {type(exc).__name__}: {exc}")
                         continue
                 log.info("checkpoint %d complete%s", act.checkpoint_id,
                          " (final)" if chk is not None and chk.final else "")

@@ -411,7 +411,9 @@ class StepTask:
         # could be handled after it: the acks must have landed first.
         ray.get(self._acks)
         self._acks = []
-        self.coordinator.task_finished.remote(self._key(), handle)
+        # drained: it flushed its open state (a savepoint stop keeps it for a resume)
+        self.coordinator.task_finished.remote(self._key(), handle,
+                                              self._drain or self.restored_final)
 
     def _key(self) -> tuple[str, int]:
         return (self.ctx.step_id, self.ctx.instance)

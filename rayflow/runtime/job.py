@@ -62,12 +62,17 @@ class Job:
         ensure_ray(self.config.ray.address, self.config.ray.num_cpus,
                    include_dashboard=self.config.ray.include_dashboard,
                    namespace=self.config.ray.namespace)
-        from rayflow.checkpoint_store import run_root
+        from rayflow.checkpoint_store import CheckpointStore, run_root
 
         self.started_at = time.time()
         latest = self._resolve_resume(resume_from)
         self.store_root = run_root(self.config.checkpoint.state_dir, self.flow.name,
                                    self.run_id)
+        try:
+            CheckpointStore(self.store_root)
+        except Exception as exc:  # noqa: BLE001 - say which setting, before any actor starts
+            raise ConfigError(f"checkpoint.state_dir: cannot keep checkpoints under "
+                              f"{self.store_root}: {type(exc).__name__}: {exc}") from None
         self.coordinator = self._new_coordinator()
         self._spawn(latest, latest.checkpoint_id + 1 if latest else 1, {})
         self._latest = latest
@@ -201,7 +206,8 @@ class Job:
         for key in self.plan.instances():
             handles[key[0]].append(self.hosts[key])
         sources = [k for k in self.hosts if steps[k[0]].kind == "source"]
-        done_before = set(latest.finished_tasks) if latest is not None else set()
+        # tasks that flushed before the failure must not flush again when restored
+        done_before = set(latest.drained) if latest is not None else set()
         try:
             ray.get([
                 self.hosts[head].mark_restored_final.remote([k for k in keys if k in done_before])
@@ -341,6 +347,8 @@ class Job:
                     failure = unwrap(exc)
                     if self._cancelled:
                         return
+            if self._cancelled:
+                return
             self._collect()
             self._finish_clean()
         except BaseException as exc:  # noqa: BLE001 - kept for wait()
@@ -585,9 +593,11 @@ class Job:
             if st["error"] is not None:
                 return st["error"]
         try:  # the coordinator too: sinks wait for it to commit their last epoch
-            ray.get(self.coordinator.__ray_ready__.remote(), timeout=30)
+            why = ray.get(self.coordinator.health.remote(), timeout=30)
         except Exception as exc:  # noqa: BLE001 - it is gone
             return unwrap(exc)
+        if why is not None:  # not a lost actor: a restart would fail the same way
+            return StepError("(checkpoints)", 0, "-", why)
         return None
 
     def _finish_failed(self, exc: BaseException) -> None:
@@ -682,9 +692,13 @@ class Job:
         if self.hosts and self.state in ("RUNNING", "STOPPING"):
             import ray
 
-            keys = list(self.hosts)
-            live = ray.get([self.hosts[k].status.remote(k) for k in keys])
-            per = {k: st["counters"] for k, st in zip(keys, live)}
+            refs = {k: h.status.remote(k) for k, h in list(self.hosts.items())}
+            per = {}
+            for k, ref in refs.items():
+                try:
+                    per[k] = ray.get(ref, timeout=30)["counters"]
+                except Exception:  # noqa: BLE001 - an instance being recovered
+                    continue
         else:
             per = {k: f["counters"] for k, f in self._finals.items()}
         out: dict[str, StepCounters] = {}

@@ -179,7 +179,10 @@ def test_sink_dies_committing_its_last_epoch(ray_session, kafka_broker, chaos_in
     _check("exactly_once", got, expected, "final commit")
 
 
-def test_coordinator_killed(ray_session, kafka_broker, chaos_input, expected):
+def test_coordinator_killed_and_recovered_without_anyone_waiting(ray_session, kafka_broker,
+                                                                 chaos_input, expected):
+    """The coordinator dies: the job's supervisor starts a new one from the durable store
+    and restores the tasks, before anyone calls wait()."""
     import ray
 
     bs = kafka_broker.bootstrap
@@ -190,10 +193,11 @@ def test_coordinator_killed(ray_session, kafka_broker, chaos_input, expected):
                  stream={"batch_size": 40})
     wait_for(lambda: any(c["status"] == "completed" for c in job.checkpoints()), 60)
     ray.kill(job.coordinator, no_restart=True)
-    job.wait(240)  # the supervisor recovers without anyone calling wait() first
+    wait_for(lambda: job.recoveries and job.recoveries[-1]["restart_s"] is not None, 120)
+    job.wait(240)
     assert job.status() == "FINISHED" and len(job.recoveries) == 1
     _check("exactly_once", _windows(bs, out), expected, "coordinator")
-    assert not [a for a in job.actors()]  # nothing left running
+    assert job.actors() == []  # nothing left running
 
 
 def test_two_kills_the_second_during_recovery(ray_session, kafka_broker, chaos_input,
@@ -202,21 +206,6 @@ def test_two_kills_the_second_during_recovery(ray_session, kafka_broker, chaos_i
                               ("step",))
     assert len(killed) == 2 and len(job.recoveries) >= 2
     _check("exactly_once", got, expected, f"killed {killed}")
-
-
-def test_recovery_runs_without_anyone_waiting(ray_session, kafka_broker, chaos_input):
-    import ray
-
-    bs = kafka_broker.bootstrap
-    out = f"chaos-bg-{time.time_ns()}"
-    create_topic(bs, out, 1)
-    job = rf.run(_flow(bs, chaos_input, out, "chaos-bg", 1), background=True,
-                 checkpoint={"interval_s": 0.3, "processing_guarantee": "exactly_once"},
-                 stream={"batch_size": 40})
-    wait_for(lambda: any(c["status"] == "completed" for c in job.checkpoints()), 60)
-    ray.kill(job.hosts[("count", 0)], no_restart=True)
-    wait_for(lambda: job.recoveries and job.recoveries[-1]["restart_s"] is not None, 60)
-    job.wait(240)
 
 
 def test_at_most_once_stateful_repeats_no_record(ray_session, kafka_broker, chaos_input):

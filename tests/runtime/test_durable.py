@@ -177,3 +177,12 @@ def test_savepoint_after_a_bounded_source_finished(ray_session):
 def test_resume_from_a_path_with_nothing_there_says_so(tmp_path):
     with pytest.raises(FileNotFoundError, match="no completed checkpoint"):
         load_checkpoint(str(tmp_path))
+
+
+def test_a_state_dir_that_cannot_hold_checkpoints_is_a_clear_error(ray_session, tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    flow = rf.Dataflow("bad-dir")
+    flow.source("in", rf.MemorySource([1, 2])).sink("out", rf.CollectSink())
+    with pytest.raises(ConfigError, match="checkpoint.state_dir"):
+        rf.run(flow, checkpoint={"state_dir": str(blocker)})

@@ -1,0 +1,178 @@
+"""W7 Nexmark: events/s per core of each query, beside a same-run plain Python baseline and
+the published Flink per-core figures.
+
+    python benchmarks/bench_nexmark.py [--quick] [--runs 3]
+
+Each query runs on a private local Ray behind a generator source (parallelism 1, events
+made inside the job as Flink's Nexmark source makes them) into a discarding sink, with
+exactly-once checkpoints every second on the memory backend; the stateful queries also run
+on RocksDB. Per core = events / CPU seconds, where the CPU seconds are those of the driver
+and of every Ray worker process of the job (psutil, sampled while it runs), so cores =
+CPU seconds / wall seconds. The plain baseline (the COST floor) makes the same events and
+runs the query in this one process: the Arrow function for the stateless queries, the
+plain-Python reference for the others. Medians of ``--runs`` runs.
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import click  # noqa: E402
+import numpy as np  # noqa: E402
+import psutil  # noqa: E402
+from _common import print_table, ratio, write_result  # noqa: E402
+
+import rayflow as rf  # noqa: E402
+from rayflow._raycontext import ensure_ray  # noqa: E402
+from rayflow.nexmark import QUERIES, NexmarkConfig, NexmarkGenerator, nexmark_flow  # noqa: E402
+
+# Flink 1.13, events/s per core (nexmark/nexmark README, 8 cores x 3 workers, 100 M events)
+FLINK_PER_CORE = {"q0": 155.0e3, "q1": 157.9e3, "q2": 175.2e3, "q5": 22.1e3, "q7": 12.3e3,
+                  "q8": 146.1e3, "q9": 14.2e3, "q11": 39.7e3, "q12": 75.7e3, "q13": 130.7e3,
+                  "q16": 18.7e3, "q20": 19.0e3}
+# the Flink suite's event-time rate: 10 M events per second of event time
+CONFIG = NexmarkConfig(seed=42, first_event_rate=10_000_000.0)
+STATEFUL = ("q5", "q11")
+CHUNK = 16_384
+
+
+class CpuMeter:
+    """CPU seconds of this process and of the Ray workers of our own raylet, sampled every
+    ``every_s`` so that workers which exit before the end still count."""
+
+    def __init__(self, every_s: float = 0.2):
+        import ray
+
+        node = ray._private.worker._global_node
+        self._raylet = psutil.Process(node.all_processes["raylet"][0].process.pid)
+        self._every = every_s
+        self._first: dict = {}
+        self._last: dict = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def _procs(self):
+        out = [psutil.Process()]
+        for p in self._raylet.children(recursive=True):
+            try:
+                name = p.name()
+            except psutil.Error:
+                continue
+            if "Agent" not in name:  # the dashboard / runtime-env agents are not the job's
+                out.append(p)
+        return out
+
+    def _sample(self, first: bool = False) -> None:
+        for p in self._procs():
+            try:
+                key = (p.pid, p.create_time())
+                t = p.cpu_times()
+            except psutil.Error:
+                continue
+            s = t.user + t.system
+            if first:
+                self._first[key] = s
+            self._last[key] = s
+
+    def _loop(self):
+        while not self._stop.wait(self._every):
+            self._sample()
+
+    def __enter__(self):
+        self._sample(first=True)
+        self.t0 = time.perf_counter()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._sample()
+        self.wall_s = time.perf_counter() - self.t0
+        self._stop.set()
+        self._thread.join()
+        self.cpu_s = sum(v - self._first.get(k, 0.0) for k, v in self._last.items())
+
+
+def rayflow_run(query: str, n: int, backend: str) -> dict:
+    flow = nexmark_flow(query, CONFIG, n, sink=rf.DiscardSink(),
+                        name=f"nexmark-{query}-{time.time_ns()}")
+    with CpuMeter() as m:
+        flow.run(checkpoint={"processing_guarantee": "exactly_once", "state_backend": backend,
+                             "interval_s": 1.0}, timeout_s=600)
+    return {"wall_s": m.wall_s, "cpu_s": m.cpu_s, "cores": m.cpu_s / m.wall_s,
+            "events_s": n / m.wall_s, "per_core": n / m.cpu_s}
+
+
+def plain_run(query: str, n: int) -> dict:
+    """The query in this process: events made in chunks as the source makes them."""
+    q, gen = QUERIES[query], NexmarkGenerator(CONFIG)
+    t0, c0 = time.perf_counter(), time.process_time()
+    if q.arrow is not None:
+        out = 0
+        for lo in range(0, n, CHUNK):
+            out += q.arrow(gen.batch(np.arange(lo, min(n, lo + CHUNK)))).num_rows
+    else:
+        events: list = []
+        for lo in range(0, n, CHUNK):
+            events.extend(gen.rows(np.arange(lo, min(n, lo + CHUNK))))
+        out = len(q.reference(events))
+    cpu = time.process_time() - c0
+    return {"wall_s": time.perf_counter() - t0, "cpu_s": cpu, "per_core": n / cpu,
+            "outputs": out}
+
+
+def median(rows: list[dict], key: str) -> float:
+    return statistics.median(r[key] for r in rows)
+
+
+@click.command()
+@click.option("--quick", is_flag=True, help="Small sizes (a few minutes on 2 cores).")
+@click.option("--runs", default=3, show_default=True, help="Runs per configuration.")
+@click.option("--queries", default=",".join(QUERIES), show_default=True)
+def main(quick: bool, runs: int, queries: str) -> None:
+    names = [q.strip() for q in queries.split(",") if q.strip()]
+    unknown = [q for q in names if q not in QUERIES]
+    if unknown:
+        raise click.BadParameter(f"unknown queries {unknown}; known: {sorted(QUERIES)}")
+    ensure_ray(None, include_dashboard=False)
+    sizes = {"stateless": 200_000 if quick else 2_000_000,
+             "stateful": 40_000 if quick else 400_000}
+    rows, table = [], []
+    for name in names:
+        q = QUERIES[name]
+        n = sizes["stateless" if q.columnar else "stateful"]
+        plain = [plain_run(name, n) for _ in range(runs)]
+        backends = ["memory"] + (["rocksdb"] if name in STATEFUL else [])
+        for backend in backends:
+            runs_ = [rayflow_run(name, n, backend) for _ in range(runs)]
+            row = {"query": name, "events": n, "backend": backend,
+                   "guarantee": "exactly_once", "path": "arrow" if q.columnar else "rows",
+                   "runs": runs_, "plain_runs": plain,
+                   "events_s": median(runs_, "events_s"), "cores": median(runs_, "cores"),
+                   "per_core": median(runs_, "per_core"),
+                   "plain_per_core": median(plain, "per_core"),
+                   "flink_per_core": FLINK_PER_CORE.get(name)}
+            row["vs_plain"] = ratio(row["per_core"], row["plain_per_core"])
+            row["vs_flink"] = ratio(row["per_core"], row["flink_per_core"])
+            rows.append(row)
+            table.append([name, backend, row["path"], n, row["events_s"], row["cores"],
+                          row["per_core"], row["plain_per_core"], row["vs_plain"],
+                          row["flink_per_core"], row["vs_flink"]])
+            print(f"{name} {backend}: {row['per_core']:,.0f} events/s per core", flush=True)
+    print_table(f"W7 Nexmark, events/s per core (median of {runs}; machine: "
+                f"{psutil.cpu_count()}-core VM, shared)",
+                ["query", "state", "path", "events", "events/s", "cores", "per core",
+                 "plain/core", "vs plain", "Flink/core", "vs Flink"], table)
+    path = write_result("nexmark",
+                        {"quick": quick, "runs_per_config": runs, "config": repr(CONFIG),
+                         "flink_per_core": FLINK_PER_CORE, "rows": rows})
+    print(f"\nwrote {path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1111 @@
+"""mpi4py's ``MPI`` module, bound to the rank's rayflow communicator.
+
+Usage: ``from rayflow.hpc import MPI; comm = MPI.COMM_WORLD; total = comm.allreduce(x, op=MPI.SUM)``
+
+Inside a rank started by :func:`rayflow.hpc.run_mpi` (or ``rayflow mpirun``), ``from mpi4py
+import MPI`` resolves to this module and ``COMM_WORLD`` spans the gang. Anywhere else
+``COMM_WORLD`` is a world of one rank, as mpi4py's singleton start without ``mpiexec``.
+
+Covered, with mpi4py's names and signatures: communicators (``Get_rank``, ``Get_size``,
+``Dup``, ``Split``, ``Free``, ``Create_cart``; Cartesian ``Get_coords``, ``Get_cart_rank``,
+``Shift``, ``Sub``), the lowercase pickle methods (``send``, ``recv``, ``isend``, ``irecv``,
+``sendrecv``, ``bcast``, ``scatter``, ``gather``, ``allgather``, ``alltoall``, ``reduce``,
+``allreduce``, ``barrier``) with tags, :data:`ANY_SOURCE`, :data:`ANY_TAG` and
+:class:`Status`, and the uppercase buffer methods on numpy arrays or ``[buf, MPI.DOUBLE]``
+specs (``Send`` ... ``Reduce_scatter_block``, :data:`IN_PLACE`, :class:`Request`).
+
+Point-to-point follows MPI's matching rules: messages between a pair of ranks in one
+communicator are numbered, and a receive takes the first message that matches its source
+and tag, so messages of one (source, tag) never overtake each other; receives posted earlier
+(``irecv``) match first. :data:`ANY_SOURCE` needs a receive that can look at any peer without
+blocking: the transport's optional ``try_recv(src, key)`` (see :mod:`rayflow.hpc.comm`), which
+the module polls; a transport without it raises ``NotImplementedError`` for ``ANY_SOURCE``.
+Collectives run on :class:`rayflow.hpc.comm.Communicator` and are matched in call order.
+
+Not supported, raising ``NotImplementedError`` naming the feature: one-sided communication
+(``Win``), MPI-IO (``File``), intercommunicators and dynamic processes (``Spawn``,
+``Intercomm``), graph topologies, derived datatypes, vector collectives (``Gatherv`` ...),
+persistent and matched-probe requests, and buffer ``MAXLOC``/``MINLOC`` (the lowercase
+methods support them on ``(value, index)`` pairs).
+
+No Ray is imported by this module.
+"""
+
+from __future__ import annotations
+
+import itertools
+import operator
+import pickle
+import socket
+import time
+from collections import defaultdict, deque
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from rayflow.hpc import comm as _comm
+
+# ------------------------------------------------------------------------------ constants
+# The values of Open MPI, whose PROC_NULL (-2) rayflow's communicator already uses.
+ANY_SOURCE = -1
+ANY_TAG = -1
+PROC_NULL = _comm.PROC_NULL
+UNDEFINED = -32766
+ROOT = -4
+SUCCESS = 0
+ERR_OTHER = 16
+TAG_UB = 2**31 - 1
+IDENT, CONGRUENT, SIMILAR, UNEQUAL = 0, 1, 2, 3
+THREAD_SINGLE, THREAD_FUNNELED, THREAD_SERIALIZED, THREAD_MULTIPLE = 0, 1, 2, 3
+CART = 1
+VERSION, SUBVERSION = 3, 1
+
+
+class _InPlace:
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "MPI.IN_PLACE"
+
+
+#: Pass as the send buffer of a collective to use the receive buffer's data in place.
+IN_PLACE = _InPlace()
+BOTTOM = None
+
+
+class Exception(RuntimeError):  # noqa: A001 - mpi4py's name (MPI.Exception)
+    """An MPI error (mpi4py's ``MPI.Exception``), with ``Get_error_code()``."""
+
+    def __init__(self, message: str, error_code: int = ERR_OTHER):
+        super().__init__(message)
+        self.error_code = error_code
+
+    def Get_error_code(self) -> int:  # noqa: N802
+        return self.error_code
+
+
+class Aborted(SystemExit):
+    """Raised by :meth:`Comm.Abort`: the program ends on every rank with ``errorcode``."""
+
+    def __init__(self, errorcode: int):
+        super().__init__(errorcode)
+        self.errorcode = errorcode
+
+
+# ------------------------------------------------------------------------------ datatypes
+class Datatype:
+    """A basic MPI datatype: its name and the numpy dtype it stands for."""
+
+    def __init__(self, name: str, dtype: Any):
+        self.name = name
+        self.dtype = np.dtype(dtype)
+
+    def __repr__(self) -> str:
+        return f"MPI.{self.name}"
+
+    def Get_size(self) -> int:  # noqa: N802
+        return self.dtype.itemsize
+
+    @property
+    def size(self) -> int:
+        return self.dtype.itemsize
+
+    def Get_name(self) -> str:  # noqa: N802
+        return self.name
+
+
+_TYPES = {
+    "BYTE": "u1", "CHAR": "S1", "SIGNED_CHAR": "i1", "UNSIGNED_CHAR": "u1", "BOOL": "?",
+    "C_BOOL": "?", "SHORT": "i2", "UNSIGNED_SHORT": "u2", "INT": "i4", "UNSIGNED": "u4",
+    "LONG": "i8", "UNSIGNED_LONG": "u8", "LONG_LONG": "i8", "UNSIGNED_LONG_LONG": "u8",
+    "INT8_T": "i1", "INT16_T": "i2", "INT32_T": "i4", "INT64_T": "i8", "UINT8_T": "u1",
+    "UINT16_T": "u2", "UINT32_T": "u4", "UINT64_T": "u8", "FLOAT": "f4", "DOUBLE": "f8",
+    "LONG_DOUBLE": "g", "C_FLOAT_COMPLEX": "c8", "C_DOUBLE_COMPLEX": "c16", "COMPLEX": "c8",
+    "DOUBLE_COMPLEX": "c16", "C_COMPLEX": "c8", "WCHAR": "U1", "AINT": "i8", "OFFSET": "i8",
+    "COUNT": "i8",
+}
+for _name, _code in _TYPES.items():
+    globals()[_name] = Datatype(_name, _code)
+BYTE: Datatype
+DOUBLE: Datatype
+INT: Datatype
+FLOAT: Datatype
+LONG: Datatype
+_BY_NAME = {n: globals()[n] for n in _TYPES}
+
+
+def _datatype_of(dtype: np.dtype) -> Datatype:
+    for t in _BY_NAME.values():
+        if t.dtype == dtype and t.name not in ("BYTE", "C_BOOL", "LONG_LONG", "C_COMPLEX"):
+            return t
+    raise TypeError(f"no MPI datatype for numpy dtype {dtype}")
+
+
+# ------------------------------------------------------------------------------ operations
+def _seq_or_array(fn_array: Callable, fn_obj: Callable) -> Callable:
+    def apply(x: Any, y: Any) -> Any:
+        if isinstance(x, (np.ndarray, np.generic)) or isinstance(y, (np.ndarray, np.generic)):
+            return fn_array(x, y)
+        return fn_obj(x, y)
+
+    return apply
+
+
+def _loc(better: Callable[[Any, Any], bool]) -> Callable:
+    def apply(x: Any, y: Any) -> Any:
+        (u, i), (v, j) = x, y
+        if better(v, u) or (v == u and j < i):
+            return (v, j)
+        return (u, i)
+
+    return apply
+
+
+class Op:
+    """A reduction operation (``MPI.SUM`` ...) applied in rank order.
+
+    numpy arrays and scalars combine with numpy's ufuncs; Python objects with Python's
+    operators, as mpi4py's lowercase methods do (integers stay exact).
+    """
+
+    def __init__(self, name: str, fn: Callable[[Any, Any], Any], comm_op: str | None = None,
+                 commute: bool = True):
+        self.name = name
+        self._fn = fn
+        self._comm_op = comm_op  # the communicator's name for it, where it has one
+        self._commute = commute
+
+    def __repr__(self) -> str:
+        return f"MPI.{self.name}"
+
+    def __call__(self, x: Any, y: Any) -> Any:
+        return self._fn(x, y)
+
+    @classmethod
+    def Create(cls, function: Callable, commute: bool = False) -> Op:  # noqa: N802
+        """A user operation; ``function(invec, inoutvec, datatype)`` as in mpi4py is not
+        supported, a two-argument ``function(x, y) -> result`` is."""
+        return cls(getattr(function, "__name__", "user op"), function, None, commute)
+
+    def Is_commutative(self) -> bool:  # noqa: N802
+        return self._commute
+
+    def Free(self) -> None:  # noqa: N802
+        pass
+
+
+SUM = Op("SUM", _seq_or_array(np.add, operator.add), "sum")
+PROD = Op("PROD", _seq_or_array(np.multiply, operator.mul), "prod")
+MIN = Op("MIN", _seq_or_array(np.minimum, _comm._py_min), "min")
+MAX = Op("MAX", _seq_or_array(np.maximum, _comm._py_max), "max")
+# Python objects combine to a bool, as mpi4py's ``MPI.LAND(2, 3) is True``
+LAND = Op("LAND", _seq_or_array(np.logical_and, lambda x, y: bool(x) and bool(y)))
+LOR = Op("LOR", _seq_or_array(np.logical_or, lambda x, y: bool(x) or bool(y)))
+LXOR = Op("LXOR", _seq_or_array(np.logical_xor, lambda x, y: bool(x) != bool(y)))
+BAND = Op("BAND", _seq_or_array(np.bitwise_and, operator.and_))
+BOR = Op("BOR", _seq_or_array(np.bitwise_or, operator.or_))
+BXOR = Op("BXOR", _seq_or_array(np.bitwise_xor, operator.xor))
+MAXLOC = Op("MAXLOC", _loc(lambda a, b: a > b))
+MINLOC = Op("MINLOC", _loc(lambda a, b: a < b))
+REPLACE = Op("REPLACE", lambda x, y: y, commute=False)
+
+
+def _check_op(op: Any, where: str) -> Op:
+    if not isinstance(op, Op):
+        raise TypeError(f"{where}: op must be an MPI.Op (MPI.SUM, MPI.MAX, ...), got {op!r}")
+    return op
+
+
+def _fold(values: Sequence[Any], op: Op, where: str) -> Any:
+    if op._comm_op is not None:  # the communicator's checks (same shape and dtype ...)
+        return _comm.reduce_values(values, op._comm_op, where)
+    acc = values[0]
+    for v in values[1:]:
+        acc = op(acc, v)
+    return acc
+
+
+# ------------------------------------------------------------------------------ buffers
+def _buffer(spec: Any, where: str, writable: bool = False) -> tuple[np.ndarray, Datatype]:
+    """The flat array view and datatype of a buffer spec: ``buf``, ``[buf, type]`` or
+    ``[buf, count, type]``."""
+    if isinstance(spec, (list, tuple)):
+        if len(spec) == 2:
+            buf, dtype = spec
+            count = None
+        elif len(spec) == 3:
+            buf, count, dtype = spec
+            if isinstance(count, (list, tuple)):
+                raise NotImplementedError(f"{where}: vector buffer specs [buf, (counts, displs), "
+                                          "type] (the v-variants) are not supported")
+        else:
+            raise ValueError(f"{where}: a buffer spec is buf, [buf, type] or [buf, count, type]; "
+                             f"got a {type(spec).__name__} of {len(spec)} items")
+    else:
+        buf, dtype, count = spec, None, None
+    if not isinstance(buf, np.ndarray):
+        raise TypeError(f"{where}: the buffer must be a numpy array, got {type(buf).__name__}")
+    if not buf.flags.c_contiguous:
+        raise ValueError(f"{where}: the buffer must be C-contiguous")
+    if writable and not buf.flags.writeable:
+        raise ValueError(f"{where}: the receive buffer is read-only (copy it first)")
+    flat = buf.reshape(-1)
+    if dtype is None:
+        dtype = _datatype_of(buf.dtype)
+    elif not isinstance(dtype, Datatype):
+        raise TypeError(f"{where}: the datatype must be an MPI datatype (MPI.DOUBLE ...), "
+                        f"got {dtype!r}")
+    elif dtype.dtype != buf.dtype:
+        if dtype.dtype.itemsize != buf.dtype.itemsize:
+            raise TypeError(f"{where}: buffer of {buf.dtype} does not hold {dtype} items")
+        flat = flat.view(dtype.dtype)
+    if count is not None:
+        count = int(count)
+        if not 0 <= count <= flat.size:
+            raise ValueError(f"{where}: count {count} outside a buffer of {flat.size} items")
+        flat = flat[:count]
+    return flat, dtype
+
+
+def _chunks(flat: np.ndarray, parts: int, where: str) -> list[np.ndarray]:
+    if flat.size % parts:
+        raise ValueError(f"{where}: a buffer of {flat.size} items does not split into "
+                         f"{parts} equal blocks")
+    n = flat.size // parts
+    return [flat[i * n:(i + 1) * n] for i in range(parts)]
+
+
+def _copy_into(dst: np.ndarray, got: Any, where: str) -> int:
+    got = np.asarray(got)
+    if got.size > dst.size:
+        raise Exception(f"{where}: message of {got.size} items truncated into a buffer of "
+                        f"{dst.size}", 15)  # MPI_ERR_TRUNCATE
+    dst[:got.size] = got.reshape(-1).view(dst.dtype) if got.dtype != dst.dtype and \
+        got.dtype.itemsize == dst.dtype.itemsize else got.reshape(-1)
+    return got.size
+
+
+# ------------------------------------------------------------------------------ status
+class Status:
+    """What a receive matched: ``Get_source()``, ``Get_tag()``, ``Get_count(datatype)``."""
+
+    def __init__(self) -> None:
+        self.source = ANY_SOURCE
+        self.tag = ANY_TAG
+        self.error = SUCCESS
+        self._nbytes = 0
+        self._obj: Any = None
+        self._pickled = False
+
+    def _set(self, source: int, tag: int, obj: Any, is_buffer: bool) -> None:
+        self.source, self.tag = source, tag
+        if is_buffer:
+            self._nbytes, self._pickled = int(np.asarray(obj).nbytes), False
+        else:
+            self._obj, self._pickled = obj, True
+
+    def Get_source(self) -> int:  # noqa: N802
+        return self.source
+
+    def Get_tag(self) -> int:  # noqa: N802
+        return self.tag
+
+    def Get_error(self) -> int:  # noqa: N802
+        return self.error
+
+    def Get_count(self, datatype: Datatype | None = None) -> int:  # noqa: N802
+        """Items of ``datatype`` received (bytes by default; a pickled message counts the
+        bytes of its pickle, as in mpi4py)."""
+        if self._pickled:
+            self._nbytes = len(pickle.dumps(self._obj, protocol=pickle.HIGHEST_PROTOCOL))
+            self._pickled = False
+        size = 1 if datatype is None else datatype.Get_size()
+        return self._nbytes // size
+
+    def Get_elements(self, datatype: Datatype) -> int:  # noqa: N802
+        return self.Get_count(datatype)
+
+    count = property(lambda self: self.Get_count())
+
+
+# ------------------------------------------------------------------------------ requests
+class Request:
+    """A non-blocking operation. ``Wait``/``Test`` for buffer methods, ``wait``/``test`` for
+    the lowercase ones (returning the received object)."""
+
+    def __init__(self, comm: Comm | None = None, source: int = PROC_NULL, tag: int = ANY_TAG,
+                 buf: np.ndarray | None = None, where: str = "irecv"):
+        self._comm = comm
+        self.source, self.tag = source, tag
+        self._buf = buf
+        self._where = where
+        self._done = comm is None  # a send, or a receive from PROC_NULL
+        self._value: Any = None
+        self._status = (source, tag, None, buf is not None)
+
+    def _complete(self, source: int, tag: int, obj: Any, is_buffer: bool) -> None:
+        if self._buf is not None:
+            if not is_buffer:
+                raise TypeError(f"{self._where}: the message from rank {source} (tag {tag}) "
+                                "was sent with a lowercase method; receive it with recv")
+            _copy_into(self._buf, obj, self._where)
+        self._value = obj
+        self._status = (source, tag, obj, is_buffer)
+        self._done = True
+
+    def _fill(self, status: Status | None) -> None:
+        if status is not None:
+            source, tag, obj, is_buffer = self._status
+            if source == PROC_NULL:
+                status.source, status.tag, status._nbytes, status._pickled = PROC_NULL, ANY_TAG, 0, False
+            else:
+                status._set(source, tag, obj, is_buffer)
+
+    def Wait(self, status: Status | None = None) -> bool:  # noqa: N802
+        if not self._done:
+            self._comm._progress_until(self)
+        self._fill(status)
+        return True
+
+    def Test(self, status: Status | None = None) -> bool:  # noqa: N802
+        if not self._done:
+            self._comm._progress_once(self)
+        if self._done:
+            self._fill(status)
+        return self._done
+
+    def wait(self, status: Status | None = None) -> Any:
+        self.Wait(status)
+        return self._value
+
+    def test(self, status: Status | None = None) -> tuple[bool, Any]:
+        done = self.Test(status)
+        return done, (self._value if done else None)
+
+    def Cancel(self) -> None:  # noqa: N802
+        raise NotImplementedError("MPI.Request.Cancel is not supported by rayflow's MPI")
+
+    def Free(self) -> None:  # noqa: N802
+        pass
+
+    @staticmethod
+    def Waitall(requests: Sequence[Request], statuses: list[Status] | None = None) -> bool:  # noqa: N802
+        for i, r in enumerate(requests):
+            r.Wait(None if statuses is None else statuses[i])
+        return True
+
+    @staticmethod
+    def waitall(requests: Sequence[Request], statuses: list[Status] | None = None) -> list[Any]:
+        return [r.wait(None if statuses is None else statuses[i]) for i, r in enumerate(requests)]
+
+    @staticmethod
+    def Testall(requests: Sequence[Request], statuses: list[Status] | None = None) -> bool:  # noqa: N802
+        return all([r.Test(None if statuses is None else statuses[i])
+                    for i, r in enumerate(requests)])
+
+    @staticmethod
+    def testall(requests: Sequence[Request]) -> tuple[bool, list[Any] | None]:
+        flags = [r.Test() for r in requests]
+        return (True, [r._value for r in requests]) if all(flags) else (False, None)
+
+    @staticmethod
+    def Waitany(requests: Sequence[Request], status: Status | None = None) -> int:  # noqa: N802
+        if not requests:
+            return UNDEFINED
+        delay = _POLL_MIN_S
+        while True:
+            for i, r in enumerate(requests):
+                if r.Test(status):
+                    return i
+            time.sleep(delay)
+            delay = min(delay * 2, _POLL_MAX_S)
+
+    @staticmethod
+    def waitany(requests: Sequence[Request], status: Status | None = None) -> tuple[int, Any]:
+        i = Request.Waitany(requests, status)
+        return i, (requests[i]._value if i != UNDEFINED else None)
+
+
+# ANY_SOURCE polls the peers; the pause between empty rounds doubles up to the maximum.
+_POLL_MIN_S = 20e-6
+_POLL_MAX_S = 2e-3
+_NOTHING = object()
+
+
+# ------------------------------------------------------------------------------ communicators
+class Comm:
+    """An MPI communicator (mpi4py's ``Intracomm``) over a rayflow :class:`Communicator`."""
+
+    def __init__(self, base: _comm.Communicator | None = None):
+        self._bind_base(base)
+
+    def _bind_base(self, base: _comm.Communicator | None) -> None:
+        self._base = base
+        self._freed = False
+        self._send_seq: dict[int, itertools.count] = defaultdict(itertools.count)
+        self._recv_next: dict[int, int] = defaultdict(int)
+        self._unmatched: dict[int, deque] = defaultdict(deque)  # src -> (arrival, tag, obj, buf?)
+        self._posted: list[Request] = []
+        self._arrivals = itertools.count()
+        self._dup_seq = itertools.count()
+
+    # ------------------------------------------------------------ basics
+    @property
+    def _c(self) -> _comm.Communicator:
+        if self._freed:
+            raise Exception("this communicator was freed (Comm.Free)", 5)  # MPI_ERR_COMM
+        if self._base is None:
+            raise Exception("MPI.COMM_NULL cannot communicate", 5)
+        return self._base
+
+    def __repr__(self) -> str:
+        if self._base is None:
+            return "<MPI.COMM_NULL>"
+        return f"<{type(self).__name__} rank={self._base.rank} size={self._base.size}>"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Comm) and other._base is self._base
+
+    def __hash__(self) -> int:
+        return id(self._base)
+
+    def __bool__(self) -> bool:
+        return self._base is not None
+
+    def Get_rank(self) -> int:  # noqa: N802
+        return self._c.rank
+
+    def Get_size(self) -> int:  # noqa: N802
+        return self._c.size
+
+    rank = property(Get_rank)
+    size = property(Get_size)
+
+    def Get_group(self) -> Any:  # noqa: N802
+        raise NotImplementedError("MPI groups (Comm.Get_group) are not supported by rayflow's MPI")
+
+    def Is_inter(self) -> bool:  # noqa: N802
+        return False
+
+    def Is_intra(self) -> bool:  # noqa: N802
+        return True
+
+    def Get_topology(self) -> int:  # noqa: N802
+        return UNDEFINED
+
+    topology = property(Get_topology)
+
+    def Set_name(self, name: str) -> None:  # noqa: N802
+        self._name = name
+
+    def Get_name(self) -> str:  # noqa: N802
+        return getattr(self, "_name", "")
+
+    def Dup(self) -> Comm:  # noqa: N802
+        """A communicator with the same ranks and its own message space."""
+        c = self._c
+        seq = next(self._dup_seq)
+        return type(self)._wrap(c, (c._ctx, "dup", seq))
+
+    Clone = Dup
+
+    @classmethod
+    def _wrap(cls, c: _comm.Communicator, ctx: tuple) -> Comm:
+        if isinstance(c, _comm.CartComm):
+            base: _comm.Communicator = _comm.CartComm(c._t, c._members, ctx, c.dims, c.periods,
+                                                      attempt=c.attempt)
+            return Cartcomm(base)
+        return Intracomm(_comm.Communicator(c._t, c._members, ctx, attempt=c.attempt))
+
+    def Split(self, color: int = 0, key: int = 0) -> Comm:  # noqa: N802
+        """Partition by ``color`` (``UNDEFINED``: this rank joins none and gets ``COMM_NULL``),
+        ranks ordered by ``(key, rank)``."""
+        sub = self._c.split(color, key)
+        if color == UNDEFINED:
+            return COMM_NULL
+        return Intracomm(sub)
+
+    def Free(self) -> None:  # noqa: N802
+        if self is COMM_WORLD or self is COMM_SELF:
+            raise Exception("MPI.COMM_WORLD and MPI.COMM_SELF cannot be freed", 5)
+        self._c  # noqa: B018 - freeing twice is an error, as in MPI
+        self._freed = True
+
+    def Disconnect(self) -> None:  # noqa: N802
+        self.Free()
+
+    def Create_cart(self, dims: Sequence[int], periods: Sequence[bool] | None = None,  # noqa: N802
+                    reorder: bool = False) -> Cartcomm:
+        """A Cartesian communicator over the first ``prod(dims)`` ranks (the others get
+        ``COMM_NULL``), row-major; ``reorder`` is accepted and ignored."""
+        c = self._c
+        dims = [int(d) for d in dims]
+        n = int(np.prod(dims)) if dims else 1
+        if n > c.size:
+            raise ValueError(f"Create_cart: dims {dims} need {n} ranks, the communicator has "
+                             f"{c.size}")
+        base = c.split(0 if c.rank < n else UNDEFINED, c.rank) if n < c.size else c
+        if c.rank >= n:
+            return COMM_NULL  # type: ignore[return-value]
+        return Cartcomm(base.create_cart(dims, periods))
+
+    def Create_graph(self, *args: Any, **kwargs: Any) -> Any:  # noqa: N802
+        raise NotImplementedError("graph topologies (Create_graph, Create_dist_graph) are not "
+                                  "supported by rayflow's MPI")
+
+    Create_dist_graph = Create_graph
+    Create_dist_graph_adjacent = Create_graph
+
+    def Create_intercomm(self, *args: Any, **kwargs: Any) -> Any:  # noqa: N802
+        raise NotImplementedError("intercommunicators (Create_intercomm) are not supported by "
+                                  "rayflow's MPI")
+
+    def Spawn(self, *args: Any, **kwargs: Any) -> Any:  # noqa: N802
+        raise NotImplementedError("dynamic processes (Comm.Spawn) are not supported by "
+                                  "rayflow's MPI")
+
+    def Abort(self, errorcode: int = 0) -> None:  # noqa: N802
+        """End the program on every rank with exit status ``errorcode``."""
+        raise Aborted(int(errorcode))
+
+    # ------------------------------------------------------------ matching engine
+    def _check_peer(self, r: Any, what: str, wildcard: bool = False) -> int:
+        c = self._c
+        if isinstance(r, bool) or not isinstance(r, (int, np.integer)):
+            raise TypeError(f"{what} rank must be an int, got {r!r}")
+        r = int(r)
+        if r == PROC_NULL or (wildcard and r == ANY_SOURCE):
+            return r
+        if not 0 <= r < c.size:
+            extra = ", ANY_SOURCE" if wildcard else ""
+            raise ValueError(f"{what} rank {r} out of range for a communicator of size "
+                             f"{c.size} (or PROC_NULL{extra})")
+        return r
+
+    @staticmethod
+    def _check_tag(tag: Any, what: str, wildcard: bool = False) -> int:
+        if isinstance(tag, bool) or not isinstance(tag, (int, np.integer)):
+            raise TypeError(f"{what} must be an int, got {tag!r}")
+        tag = int(tag)
+        if wildcard and tag == ANY_TAG:
+            return tag
+        if not 0 <= tag <= TAG_UB:
+            raise ValueError(f"{what} {tag} must be in 0..{TAG_UB}"
+                             + (" (or ANY_TAG)" if wildcard else ""))
+        return tag
+
+    def _key(self, seq: int) -> tuple:
+        return ("mpi", self._c._ctx, seq)
+
+    def _post_send(self, obj: Any, dest: int, tag: int, is_buffer: bool) -> None:
+        c = self._c
+        dest = self._check_peer(dest, "destination")
+        tag = self._check_tag(tag, "tag")
+        if dest == PROC_NULL:
+            return
+        if dest == c.rank:  # to itself: straight into the matching engine (a snapshot)
+            if isinstance(obj, np.ndarray):
+                obj = obj.copy()
+            self._arrive(dest, tag, obj, is_buffer)
+            return
+        seq = next(self._send_seq[dest])
+        c._t.send(c._members[dest], self._key(seq), (tag, is_buffer, obj))
+
+    def _arrive(self, src: int, tag: int, obj: Any, is_buffer: bool) -> None:
+        for i, req in enumerate(self._posted):
+            if req.source in (ANY_SOURCE, src) and req.tag in (ANY_TAG, tag):
+                del self._posted[i]
+                req._complete(src, tag, obj, is_buffer)
+                return
+        self._unmatched[src].append((next(self._arrivals), tag, obj, is_buffer))
+
+    def _pull(self, src: int, block: bool) -> bool:
+        """Take the next message from ``src`` off the transport; whether one came."""
+        c = self._c
+        key = self._key(self._recv_next[src])
+        if block:
+            got = c._t.recv(c._members[src], key)
+        else:
+            try_recv = getattr(c._t, "try_recv", None)
+            if try_recv is None:
+                raise NotImplementedError(
+                    f"ANY_SOURCE and Request.Test need a transport that can look for a message "
+                    f"without blocking (try_recv); the {c.backend!r} backend has none"
+                )
+            got = try_recv(c._members[src], key)
+            if got is _comm.NO_MESSAGE:
+                return False
+        self._recv_next[src] += 1
+        tag, is_buffer, obj = got
+        self._arrive(src, tag, obj, is_buffer)
+        return True
+
+    def _post_recv(self, source: int, tag: int, buf: np.ndarray | None, where: str) -> Request:
+        source = self._check_peer(source, "source", wildcard=True)
+        tag = self._check_tag(tag, "tag", wildcard=True)
+        if source == PROC_NULL:
+            return Request(None, PROC_NULL, ANY_TAG, buf, where)
+        req = Request(self, source, tag, buf, where)
+        best = None
+        for src, box in self._unmatched.items():
+            if source not in (ANY_SOURCE, src):
+                continue
+            for j, (arrival, t, _, _) in enumerate(box):
+                if tag in (ANY_TAG, t):
+                    if best is None or arrival < best[0]:
+                        best = (arrival, src, j)
+                    break
+        if best is not None:
+            _, src, j = best
+            _, t, obj, is_buffer = self._unmatched[src][j]
+            del self._unmatched[src][j]
+            req._complete(src, t, obj, is_buffer)
+        else:
+            self._posted.append(req)
+        return req
+
+    def _peers(self) -> list[int]:
+        c = self._c
+        return [r for r in range(c.size) if r != c.rank]
+
+    def _progress_once(self, req: Request) -> None:
+        peers = self._peers() if req.source == ANY_SOURCE else [req.source]
+        for src in peers:
+            if src != self._c.rank:
+                while not req._done and self._pull(src, block=False):
+                    pass
+            if req._done:
+                return
+
+    def _progress_until(self, req: Request) -> None:
+        if req.source != ANY_SOURCE:
+            if req.source == self._c.rank:
+                raise Exception(f"deadlock: rank {req.source} waits for a message to itself "
+                                f"(tag {req.tag}) that was never sent", ERR_OTHER)
+            while not req._done:
+                self._pull(req.source, block=True)
+            return
+        peers = self._peers()
+        if not peers:
+            raise Exception("deadlock: a receive from ANY_SOURCE on a single rank with no "
+                            "message sent to itself", ERR_OTHER)
+        delay = _POLL_MIN_S
+        while not req._done:
+            before = next(self._arrivals)
+            self._progress_once(req)
+            if req._done:
+                return
+            if next(self._arrivals) - before > 1:  # something arrived: look again at once
+                delay = _POLL_MIN_S
+                continue
+            time.sleep(delay)
+            delay = min(delay * 2, _POLL_MAX_S)
+
+    # ------------------------------------------------------------ point-to-point, objects
+    def send(self, obj: Any, dest: int, tag: int = 0) -> None:
+        """Send a picklable object (buffered: returns before it is received)."""
+        self._post_send(obj, dest, tag, is_buffer=False)
+
+    ssend = send
+    bsend = send
+
+    def isend(self, obj: Any, dest: int, tag: int = 0) -> Request:
+        self._post_send(obj, dest, tag, is_buffer=False)
+        return Request(None, PROC_NULL)
+
+    issend = isend
+    ibsend = isend
+
+    def recv(self, buf: Any = None, source: int = ANY_SOURCE, tag: int = ANY_TAG,
+             status: Status | None = None) -> Any:
+        """Receive the first object from ``source`` with ``tag`` (wildcards allowed)."""
+        return self._post_recv(source, tag, None, "recv").wait(status)
+
+    def irecv(self, buf: Any = None, source: int = ANY_SOURCE, tag: int = ANY_TAG) -> Request:
+        return self._post_recv(source, tag, None, "irecv")
+
+    def sendrecv(self, sendobj: Any, dest: int, sendtag: int = 0, recvbuf: Any = None,
+                 source: int = ANY_SOURCE, recvtag: int = ANY_TAG,
+                 status: Status | None = None) -> Any:
+        self.send(sendobj, dest, sendtag)
+        return self.recv(None, source, recvtag, status)
+
+    def probe(self, source: int = ANY_SOURCE, tag: int = ANY_TAG,
+              status: Status | None = None) -> bool:
+        raise NotImplementedError("probe/iprobe are not supported by rayflow's MPI")
+
+    iprobe = probe
+    Probe = probe
+    Iprobe = probe
+    mprobe = probe
+    improbe = probe
+
+    # ------------------------------------------------------------ point-to-point, buffers
+    def Send(self, buf: Any, dest: int, tag: int = 0) -> None:  # noqa: N802
+        flat, _ = _buffer(buf, "Send")
+        self._post_send(flat.copy(), dest, tag, is_buffer=True)
+
+    Ssend = Send
+    Bsend = Send
+    Rsend = Send
+
+    def Isend(self, buf: Any, dest: int, tag: int = 0) -> Request:  # noqa: N802
+        self.Send(buf, dest, tag)
+        return Request(None, PROC_NULL)
+
+    Issend = Isend
+    Ibsend = Isend
+    Irsend = Isend
+
+    def Recv(self, buf: Any, source: int = ANY_SOURCE, tag: int = ANY_TAG,  # noqa: N802
+             status: Status | None = None) -> None:
+        flat, _ = _buffer(buf, "Recv", writable=True)
+        self._post_recv(source, tag, flat, "Recv").Wait(status)
+
+    def Irecv(self, buf: Any, source: int = ANY_SOURCE, tag: int = ANY_TAG) -> Request:  # noqa: N802
+        flat, _ = _buffer(buf, "Irecv", writable=True)
+        return self._post_recv(source, tag, flat, "Irecv")
+
+    def Sendrecv(self, sendbuf: Any, dest: int, sendtag: int = 0, recvbuf: Any = None,  # noqa: N802
+                 source: int = ANY_SOURCE, recvtag: int = ANY_TAG,
+                 status: Status | None = None) -> None:
+        self.Send(sendbuf, dest, sendtag)
+        self.Recv(recvbuf, source, recvtag, status)
+
+    def Sendrecv_replace(self, buf: Any, dest: int, sendtag: int = 0,  # noqa: N802
+                         source: int = ANY_SOURCE, recvtag: int = ANY_TAG,
+                         status: Status | None = None) -> None:
+        flat, _ = _buffer(buf, "Sendrecv_replace", writable=True)
+        self._post_send(flat.copy(), dest, sendtag, is_buffer=True)
+        self._post_recv(source, recvtag, flat, "Sendrecv_replace").Wait(status)
+
+    # ------------------------------------------------------------ collectives, objects
+    def barrier(self) -> None:
+        self._c.barrier()
+
+    Barrier = barrier
+
+    def bcast(self, obj: Any = None, root: int = 0) -> Any:
+        return self._c.bcast(obj, root)
+
+    def scatter(self, sendobj: Sequence[Any] | None = None, root: int = 0) -> Any:
+        return self._c.scatter(sendobj, root)
+
+    def gather(self, sendobj: Any, root: int = 0) -> list[Any] | None:
+        return self._c.gather(sendobj, root)
+
+    def allgather(self, sendobj: Any) -> list[Any]:
+        return self._c.allgather(sendobj)
+
+    def alltoall(self, sendobj: Sequence[Any]) -> list[Any]:
+        return self._c.alltoall(sendobj)
+
+    def reduce(self, sendobj: Any, op: Op = SUM, root: int = 0) -> Any:
+        op = _check_op(op, "reduce")
+        if op._comm_op is not None and not isinstance(sendobj, tuple):
+            return self._c.reduce(sendobj, op._comm_op, root)
+        vals = self._c.gather(sendobj, root)
+        return None if vals is None else _fold(vals, op, "reduce")
+
+    def allreduce(self, sendobj: Any, op: Op = SUM) -> Any:
+        op = _check_op(op, "allreduce")
+        if op._comm_op is not None and not isinstance(sendobj, tuple):
+            return self._c.allreduce(sendobj, op._comm_op)
+        return _fold(self._c.allgather(sendobj), op, "allreduce")
+
+    def scan(self, sendobj: Any, op: Op = SUM) -> Any:
+        op = _check_op(op, "scan")
+        vals = self._c.allgather(sendobj)[: self._c.rank + 1]
+        return _fold(vals, op, "scan")
+
+    def exscan(self, sendobj: Any, op: Op = SUM) -> Any:
+        op = _check_op(op, "exscan")
+        vals = self._c.allgather(sendobj)[: self._c.rank]
+        return _fold(vals, op, "exscan") if vals else None
+
+    # ------------------------------------------------------------ collectives, buffers
+    def Bcast(self, buf: Any, root: int = 0) -> None:  # noqa: N802
+        flat, _ = _buffer(buf, "Bcast", writable=True)
+        got = self._c.bcast(flat if self._c.rank == root else None, root)
+        if self._c.rank != root:
+            _copy_into(flat, got, "Bcast")
+
+    def _send_flat(self, sendbuf: Any, recvflat: np.ndarray | None, where: str) -> np.ndarray:
+        if sendbuf is IN_PLACE:
+            if recvflat is None:
+                raise ValueError(f"{where}: IN_PLACE needs a receive buffer")
+            return recvflat.copy()
+        flat, _ = _buffer(sendbuf, where)
+        return flat
+
+    @staticmethod
+    def _buffer_op(op: Any, where: str) -> Op:
+        op = _check_op(op, where)
+        if op is MAXLOC or op is MINLOC:
+            raise NotImplementedError(f"{where}: MPI.{op.name} on buffers needs pair datatypes "
+                                      "(MPI.DOUBLE_INT ...), which rayflow's MPI does not "
+                                      "support; use the lowercase method on (value, index) pairs")
+        return op
+
+    def Reduce(self, sendbuf: Any, recvbuf: Any, op: Op = SUM, root: int = 0) -> None:  # noqa: N802
+        op = self._buffer_op(op, "Reduce")
+        is_root = self._c.rank == root
+        recvflat = _buffer(recvbuf, "Reduce", writable=True)[0] if is_root else None
+        if sendbuf is IN_PLACE and not is_root:
+            raise ValueError("Reduce: IN_PLACE is for the root's send buffer only")
+        vals = self._c.gather(self._send_flat(sendbuf, recvflat, "Reduce"), root)
+        if vals is not None:
+            _copy_into(recvflat, _fold(vals, op, "Reduce"), "Reduce")
+
+    def Allreduce(self, sendbuf: Any, recvbuf: Any, op: Op = SUM) -> None:  # noqa: N802
+        op = self._buffer_op(op, "Allreduce")
+        recvflat, _ = _buffer(recvbuf, "Allreduce", writable=True)
+        mine = self._send_flat(sendbuf, recvflat, "Allreduce")
+        if op._comm_op is not None:
+            out = self._c.allreduce(mine, op._comm_op)
+        else:
+            out = _fold(self._c.allgather(mine), op, "Allreduce")
+        _copy_into(recvflat, out, "Allreduce")
+
+    def Gather(self, sendbuf: Any, recvbuf: Any, root: int = 0) -> None:  # noqa: N802
+        c = self._c
+        is_root = c.rank == root
+        recvflat = _buffer(recvbuf, "Gather", writable=True)[0] if is_root else None
+        if sendbuf is IN_PLACE:
+            if not is_root:
+                raise ValueError("Gather: IN_PLACE is for the root's send buffer only")
+            mine = _chunks(recvflat, c.size, "Gather")[root].copy()
+        else:
+            mine = _buffer(sendbuf, "Gather")[0]
+        vals = c.gather(mine, root)
+        if vals is not None:
+            for chunk, v in zip(_chunks(recvflat, c.size, "Gather"), vals):
+                _copy_into(chunk, v, "Gather")
+
+    def Scatter(self, sendbuf: Any, recvbuf: Any, root: int = 0) -> None:  # noqa: N802
+        c = self._c
+        is_root = c.rank == root
+        parts = None
+        if is_root:
+            parts = [p.copy() for p in _chunks(_buffer(sendbuf, "Scatter")[0], c.size, "Scatter")]
+        got = c.scatter(parts, root)
+        if recvbuf is IN_PLACE:
+            if not is_root:
+                raise ValueError("Scatter: IN_PLACE is for the root's receive buffer only")
+            return
+        _copy_into(_buffer(recvbuf, "Scatter", writable=True)[0], got, "Scatter")
+
+    def Allgather(self, sendbuf: Any, recvbuf: Any) -> None:  # noqa: N802
+        c = self._c
+        recvflat, _ = _buffer(recvbuf, "Allgather", writable=True)
+        chunks = _chunks(recvflat, c.size, "Allgather")
+        mine = chunks[c.rank].copy() if sendbuf is IN_PLACE else _buffer(sendbuf, "Allgather")[0]
+        for chunk, v in zip(chunks, c.allgather(mine)):
+            _copy_into(chunk, v, "Allgather")
+
+    def Alltoall(self, sendbuf: Any, recvbuf: Any) -> None:  # noqa: N802
+        c = self._c
+        recvflat, _ = _buffer(recvbuf, "Alltoall", writable=True)
+        sendflat = self._send_flat(sendbuf, recvflat, "Alltoall")
+        got = c.alltoall([p.copy() for p in _chunks(sendflat, c.size, "Alltoall")])
+        for chunk, v in zip(_chunks(recvflat, c.size, "Alltoall"), got):
+            _copy_into(chunk, v, "Alltoall")
+
+    def Reduce_scatter_block(self, sendbuf: Any, recvbuf: Any, op: Op = SUM) -> None:  # noqa: N802
+        op = self._buffer_op(op, "Reduce_scatter_block")
+        c = self._c
+        recvflat, _ = _buffer(recvbuf, "Reduce_scatter_block", writable=True)
+        sendflat = self._send_flat(sendbuf, recvflat, "Reduce_scatter_block")
+        parts = _chunks(sendflat, c.size, "Reduce_scatter_block")
+        got = c.alltoall([p.copy() for p in parts])
+        _copy_into(recvflat, _fold(got, op, "Reduce_scatter_block"), "Reduce_scatter_block")
+
+    def _unsupported(name: str, what: str) -> Callable:  # noqa: N805
+        def method(self: Comm, *args: Any, **kwargs: Any) -> Any:
+            raise NotImplementedError(f"Comm.{name} ({what}) is not supported by rayflow's MPI")
+
+        method.__name__ = name
+        return method
+
+    for _n in ("Gatherv", "Scatterv", "Allgatherv", "Alltoallv", "Alltoallw", "Reduce_scatter"):
+        locals()[_n] = _unsupported(_n, "vector collectives")
+    for _n in ("Ibarrier", "Ibcast", "Igather", "Iscatter", "Iallgather", "Ialltoall",
+               "Ireduce", "Iallreduce", "Ireduce_scatter_block"):
+        locals()[_n] = _unsupported(_n, "non-blocking collectives")
+    for _n in ("Send_init", "Recv_init"):
+        locals()[_n] = _unsupported(_n, "persistent requests")
+    del _n
+
+
+class Intracomm(Comm):
+    """An intracommunicator (every communicator here is one)."""
+
+
+class Cartcomm(Intracomm):
+    """A communicator with a Cartesian topology (``Create_cart``)."""
+
+    @property
+    def _cart(self) -> _comm.CartComm:
+        return self._c  # type: ignore[return-value]
+
+    def Get_topology(self) -> int:  # noqa: N802
+        return CART
+
+    def Get_dim(self) -> int:  # noqa: N802
+        return len(self._cart.dims)
+
+    ndim = dim = property(Get_dim)
+    dims = property(lambda self: list(self._cart.dims))
+    periods = property(lambda self: [bool(p) for p in self._cart.periods])
+    coords = property(lambda self: list(self._cart.coords))
+
+    def Get_topo(self) -> tuple[list[int], list[bool], list[int]]:  # noqa: N802
+        return self.dims, self.periods, self.coords
+
+    topo = property(Get_topo)
+
+    def Get_coords(self, rank: int) -> list[int]:  # noqa: N802
+        rank = self._check_peer(rank, "Get_coords")
+        return list(self._cart.get_coords(rank))
+
+    def Get_cart_rank(self, coords: Sequence[int]) -> int:  # noqa: N802
+        return self._cart.get_cart_rank(list(coords))
+
+    def Shift(self, direction: int, disp: int = 1) -> tuple[int, int]:  # noqa: N802
+        """``(source, dest)`` of a shift; ``PROC_NULL`` past a non-periodic edge."""
+        return self._cart.shift(direction, disp)
+
+    def Sub(self, remain_dims: Sequence[bool]) -> Cartcomm:  # noqa: N802
+        remain = list(remain_dims)
+        if len(remain) != len(self._cart.dims):
+            raise ValueError(f"Sub: remain_dims {remain} must have one entry per dimension of "
+                             f"{self.dims}")
+        return Cartcomm(self._cart.sub(remain))
+
+
+def Compute_dims(nnodes: int, dims: int | Sequence[int]) -> list[int]:  # noqa: N802
+    """A balanced grid of ``nnodes`` (MPI_Dims_create): zeros in ``dims`` are filled,
+    largest first."""
+    dims = [0] * dims if isinstance(dims, int) else [int(d) for d in dims]
+    fixed = int(np.prod([d for d in dims if d > 0])) if any(d > 0 for d in dims) else 1
+    free = [i for i, d in enumerate(dims) if d == 0]
+    if nnodes % fixed:
+        raise ValueError(f"Compute_dims: {nnodes} nodes do not fit fixed dims {dims}")
+    left = nnodes // fixed
+    if not free:
+        if left != 1:
+            raise ValueError(f"Compute_dims: dims {dims} do not multiply to {nnodes}")
+        return dims
+    factors: list[int] = []
+    n, p = left, 2
+    while p * p <= n:
+        while n % p == 0:
+            factors.append(p)
+            n //= p
+        p += 1
+    if n > 1:
+        factors.append(n)
+    out = [1] * len(free)
+    for f in sorted(factors, reverse=True):
+        out[out.index(min(out))] *= f
+    for i, v in zip(free, sorted(out, reverse=True)):
+        dims[i] = v
+    return dims
+
+
+# ------------------------------------------------------------------------------ the world
+COMM_NULL = Comm(None)
+COMM_WORLD = Intracomm(None)
+COMM_SELF = Intracomm(None)
+_bound: list[_comm.Communicator] = []
+
+
+def _bind(world: _comm.Communicator | None) -> None:
+    """Make ``COMM_WORLD`` this rank's ``world`` (``None``: a world of one rank) and start
+    every message count afresh (a rank actor runs one program after another)."""
+    if world is None:
+        world = _comm.Communicator(_comm.LocalTransport())
+    _bound[:] = [world]
+    COMM_WORLD._bind_base(world)
+    COMM_SELF._bind_base(_comm.Communicator(world._t, [world._members[world.rank]],
+                                            ("self",), attempt=world.attempt))
+
+
+# A program run outside a rank: a world of one, as mpi4py without mpiexec.
+_bind(None)
+
+
+def Wtime() -> float:  # noqa: N802
+    """Seconds since an arbitrary start (monotonic), as MPI_Wtime."""
+    return time.perf_counter()
+
+
+def Wtick() -> float:  # noqa: N802
+    return time.get_clock_info("perf_counter").resolution
+
+
+def Get_processor_name() -> str:  # noqa: N802
+    return socket.gethostname()
+
+
+def Get_version() -> tuple[int, int]:  # noqa: N802
+    return VERSION, SUBVERSION
+
+
+def Get_library_version() -> str:  # noqa: N802
+    return "rayflow MPI (mpi4py-compatible subset over Ray)"
+
+
+def Init() -> None:  # noqa: N802
+    pass
+
+
+def Init_thread(required: int = THREAD_MULTIPLE) -> int:  # noqa: N802
+    return THREAD_SINGLE
+
+
+def Finalize() -> None:  # noqa: N802
+    pass
+
+
+def Is_initialized() -> bool:  # noqa: N802
+    return True
+
+
+def Is_finalized() -> bool:  # noqa: N802
+    return False
+
+
+def Query_thread() -> int:  # noqa: N802
+    return THREAD_SINGLE
+
+
+_UNSUPPORTED = {
+    "Win": "one-sided communication (MPI.Win)",
+    "File": "MPI-IO (MPI.File)",
+    "Intercomm": "intercommunicators (MPI.Intercomm)",
+    "Graphcomm": "graph topologies (MPI.Graphcomm)",
+    "Distgraphcomm": "graph topologies (MPI.Distgraphcomm)",
+    "Group": "process groups (MPI.Group)",
+    "Info": "MPI.Info",
+    "Message": "matched probes (MPI.Message)",
+    "Prequest": "persistent requests (MPI.Prequest)",
+    "Grequest": "generalized requests (MPI.Grequest)",
+    "Open_port": "dynamic processes (MPI.Open_port)",
+    "Lookup_name": "dynamic processes (MPI.Lookup_name)",
+    "Attach_buffer": "MPI.Attach_buffer",
+    "DOUBLE_INT": "pair datatypes for MAXLOC/MINLOC (MPI.DOUBLE_INT)",
+    "FLOAT_INT": "pair datatypes for MAXLOC/MINLOC (MPI.FLOAT_INT)",
+    "LONG_INT": "pair datatypes for MAXLOC/MINLOC (MPI.LONG_INT)",
+    "TWOINT": "pair datatypes for MAXLOC/MINLOC (MPI.TWOINT)",
+    "COMM_TYPE_SHARED": "shared-memory communicators (MPI.COMM_TYPE_SHARED)",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _UNSUPPORTED:
+        raise NotImplementedError(f"{_UNSUPPORTED[name]} is not supported by rayflow's MPI")
+    raise AttributeError(f"module 'MPI' has no attribute {name!r} (rayflow's MPI covers "
+                         "mpi4py's communicators, point-to-point and collectives)")
+

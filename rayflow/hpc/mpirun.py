@@ -1,0 +1,363 @@
+"""Run unmodified mpi4py programs as one gang-scheduled Ray stage (``rayflow mpirun``).
+
+Usage: ``result = run_mpi("prog.py", 4, args=["--n", "100"])``
+
+Every rank runs the program with ``from mpi4py import MPI`` resolving to
+:mod:`rayflow.hpc.MPI` (a ``sys.modules`` shim installed in the rank for the run), with
+``sys.argv`` set to the script and its arguments and ``__name__ == "__main__"``. The gang is
+placed whole or not at all (:class:`~rayflow.hpc.gang.Gang`), so a run never starts with some
+ranks missing.
+
+A rank's stdout and stderr are captured and forwarded to the caller's streams when the run
+ends, each line prefixed with ``[rank]``, rank 0 first. The run's exit status is the worst
+rank's (the largest exit code). When a rank fails (an exception, ``sys.exit(k)`` with ``k``
+non-zero, ``Comm.Abort``, or a lost rank process) the other ranks are stopped, as
+``mpiexec`` does: a rank waiting on a message is woken, and one that does not stop in time is
+killed. ``retries`` reruns the whole program after a failed attempt.
+"""
+
+from __future__ import annotations
+
+import builtins
+import contextlib
+import io
+import os
+import sys
+import traceback
+import types
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TextIO
+
+from rayflow.errors import RayflowError
+
+# How long the other ranks may take to stop after one failed, before they are killed.
+_STOP_TIMEOUT_S = 10.0
+_LOST = "the rank's process was lost"
+
+
+class MPIRunError(RayflowError):
+    """An MPI program failed on some rank; ``result`` holds every rank's outcome."""
+
+    def __init__(self, message: str, result: MPIRunResult):
+        super().__init__(message)
+        self.result = result
+
+
+@dataclass
+class RankResult:
+    """One rank's outcome.
+
+    Attributes:
+        rank: the world rank.
+        exit_code: 0 on success; the program's ``sys.exit`` code, ``Abort``'s code, 1 for an
+            exception or a lost process; ``None`` when the rank was stopped after another
+            rank failed.
+        stdout, stderr: what the rank printed.
+        error: the traceback (or a description) of the rank's failure, else ``None``.
+        value: what a callable target returned on this rank (``None`` for a script).
+    """
+
+    rank: int
+    exit_code: int | None
+    stdout: str = ""
+    stderr: str = ""
+    error: str | None = None
+    value: Any = None
+
+
+@dataclass
+class MPIRunResult:
+    """A run's outcome: ``exit_code`` (the worst rank's), ``ranks`` and ``attempts``."""
+
+    exit_code: int
+    ranks: list[RankResult] = field(default_factory=list)
+    attempts: int = 1
+
+    @property
+    def failed(self) -> list[RankResult]:
+        """The ranks that failed (not those stopped because of them)."""
+        return [r for r in self.ranks if r.exit_code]
+
+
+@dataclass(frozen=True)
+class _Program:
+    """What every rank runs: a script (its path and source) or a picklable callable."""
+
+    path: str | None
+    source: str | None
+    argv: tuple[str, ...]
+    func: Callable[[], Any] | None = None
+
+
+# ------------------------------------------------------------------ in the rank
+class _PollingTransport:
+    """Adds a non-blocking ``try_recv`` to the Ray-native transport (for ``ANY_SOURCE``).
+
+    The transport offers a blocking ``recv`` only; this looks into its mailbox and its
+    channel from the sender once, stashing other messages as its own ``recv`` does.
+    """
+
+    def __init__(self, transport: Any):
+        self._t = transport
+        self.rank, self.size = transport.rank, transport.size
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._t, name)
+
+    def try_recv(self, src: int, key: Any) -> Any:
+        from rayflow.hpc import channels
+        from rayflow.hpc.comm import NO_MESSAGE
+
+        t = self._t
+        if t._box.aborted(t.stage):
+            raise channels.StageAborted(f"stage {t.stage} was aborted (a peer failed)")
+        got = t._box.pop(t.stage, src, key)
+        if got is channels._MISSING and src != t.rank:
+            ring = t._ch.rings.get(src)
+            got = t._take(ring, src, key) if ring is not None else t._take_tcp(src, key)
+        return NO_MESSAGE if got is channels._MISSING else got
+
+
+def _with_try_recv(transport: Any) -> Any:
+    if hasattr(transport, "try_recv"):
+        return transport
+    if all(hasattr(transport, a) for a in ("_box", "_ch", "_take", "_take_tcp", "stage")):
+        return _PollingTransport(transport)
+    return transport  # no way to poll: ANY_SOURCE raises NotImplementedError naming it
+
+
+def _shim() -> types.ModuleType:
+    from rayflow.hpc import MPI
+
+    mod = types.ModuleType("mpi4py", "rayflow's stand-in for mpi4py inside an MPI rank")
+    mod.MPI = MPI  # type: ignore[attr-defined]
+    mod.__version__ = "3.1.0"  # type: ignore[attr-defined]
+    mod.__path__ = []  # type: ignore[attr-defined] - a package, so "import mpi4py.MPI" works
+    mod.rc = types.SimpleNamespace(initialize=True, finalize=True, threads=True,  # type: ignore[attr-defined]
+                                   thread_level="multiple", recv_mprobe=False)
+    return mod
+
+
+def _exit_code(exc: SystemExit, stderr: TextIO) -> int:
+    code = exc.code
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code
+    print(code, file=stderr)  # sys.exit("message"), as Python itself does
+    return 1
+
+
+def _rank_main(comm: Any, program: _Program) -> dict:
+    """Run ``program`` in this rank with ``mpi4py`` bound to ``comm``; never raises."""
+    from rayflow.hpc import MPI
+    from rayflow.hpc.channels import StageAborted
+
+    comm._t = _with_try_recv(comm._t)
+    MPI._bind(comm)
+    out, err = io.StringIO(), io.StringIO()
+    saved_modules = {k: sys.modules.get(k) for k in ("mpi4py", "mpi4py.MPI")}
+    saved_argv, saved_path = sys.argv, list(sys.path)
+    shim = _shim()
+    sys.modules["mpi4py"], sys.modules["mpi4py.MPI"] = shim, MPI
+    result: dict[str, Any] = {"rank": comm.rank, "exit_code": 0, "error": None, "value": None}
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                if program.func is not None:
+                    sys.argv = ["<function>", *program.argv]
+                    result["value"] = program.func()
+                else:
+                    sys.argv = [program.path, *program.argv]
+                    sys.path.insert(0, os.path.dirname(os.path.abspath(program.path)))
+                    code = compile(program.source, program.path, "exec")
+                    exec(code, {"__name__": "__main__", "__file__": program.path,  # noqa: S102
+                                "__builtins__": builtins})
+            except MPI.Aborted as exc:
+                result["exit_code"] = exc.errorcode
+                result["error"] = f"MPI_Abort called with error code {exc.errorcode}"
+            except SystemExit as exc:
+                result["exit_code"] = _exit_code(exc, err)
+            except StageAborted:
+                result["exit_code"] = None  # stopped because another rank failed
+            except BaseException as exc:  # noqa: BLE001 - reported as this rank's failure
+                # from the program's frames on: this function's own frame says nothing
+                tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__.tb_next))
+                err.write(tb)
+                result["exit_code"], result["error"] = 1, tb
+            finally:
+                sys.stdout.flush()
+                sys.stderr.flush()
+    finally:
+        sys.argv = saved_argv
+        sys.path[:] = saved_path
+        for k, v in saved_modules.items():
+            if v is None:
+                sys.modules.pop(k, None)
+            else:
+                sys.modules[k] = v
+        MPI._bind(None)
+    result["stdout"], result["stderr"] = out.getvalue(), err.getvalue()
+    return result
+
+
+# ------------------------------------------------------------------ in the driver
+def _program(target: str | os.PathLike | Callable[[], Any], args: Sequence[str]) -> _Program:
+    if callable(target):
+        return _Program(None, None, tuple(args), target)
+    path = os.fspath(target)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"MPI program {path!r} not found")
+    with open(path, encoding="utf-8") as f:
+        source = f.read()
+    compile(source, path, "exec")  # a syntax error fails here, once, not in every rank
+    return _Program(path, source, tuple(str(a) for a in args))
+
+
+def _attempt(g: Any, program: _Program, attempt: int) -> list[RankResult]:
+    import ray
+
+    from rayflow.hpc.stage import _stop_survivors
+
+    stage = uuid.uuid4().hex[:12]
+    calls = [list(a.run.options(num_returns=2).remote(stage, attempt, 1, _rank_main,
+                                                      (program,), None))
+             for a in g.actors]
+    outs: list[RankResult | None] = [None] * g.size
+    pending = {c[1]: r for r, c in enumerate(calls)}
+    failed = False
+    while pending and not failed:
+        ready, _ = ray.wait(list(pending), num_returns=1, fetch_local=False)
+        for ref in ready:
+            r = pending.pop(ref)
+            outs[r] = _collect(r, calls[r])
+            failed = failed or bool(outs[r].exit_code)
+    dead: set[int] = set()
+    if failed and pending:
+        # as mpiexec: the others are stopped (woken if waiting on a message, else killed)
+        dead = _stop_survivors(g, stage, calls, timeout_s=_STOP_TIMEOUT_S)
+        for r in pending.values():
+            if r in dead:
+                outs[r] = RankResult(r, None, error="killed: it did not stop after another "
+                                                    "rank failed")
+            else:
+                outs[r] = _collect(r, calls[r])
+    dead |= {r for r, o in enumerate(outs) if o is not None and o.error is not None
+             and o.error.startswith(_LOST)}
+    if dead:
+        if g.backend == "ray":
+            g.repair(dead)  # only the lost or stuck ranks are replaced
+        else:
+            g.shutdown()  # a gloo rank blocked in a receive cannot be woken: a new gang
+    return [o for o in outs if o is not None]
+
+
+def _collect(rank: int, refs: list) -> RankResult:
+    import ray
+    from ray.exceptions import RayActorError
+
+    try:
+        ray.get(refs[0])
+        got = ray.get(refs[1])
+    except RayActorError as exc:
+        return RankResult(rank, 1, error=f"{_LOST}: {type(exc).__name__}: {exc}")
+    except Exception as exc:  # noqa: BLE001 - e.g. aborted while it waited
+        name = type(exc).__name__
+        if "StageAborted" in name or "StageAborted" in str(exc):
+            return RankResult(rank, None)
+        return RankResult(rank, 1, error=f"{name}: {exc}")
+    return RankResult(rank, got["exit_code"], got["stdout"], got["stderr"], got["error"],
+                      got["value"])
+
+
+def _echo(results: list[RankResult], stdout: TextIO, stderr: TextIO) -> None:
+    for res in results:
+        for text, stream in ((res.stdout, stdout), (res.stderr, stderr)):
+            for line in text.splitlines():
+                stream.write(f"[{res.rank}] {line}\n")
+    stdout.flush()
+    stderr.flush()
+
+
+def run_mpi(
+    target: str | os.PathLike | Callable[[], Any],
+    n: int,
+    *,
+    args: Sequence[str] = (),
+    backend: str | None = None,
+    retries: int = 0,
+    gang: Any = None,
+    rank_num_cpus: float | None = None,
+    gang_timeout_s: float | None = None,
+    echo: bool = True,
+    stdout: TextIO | None = None,
+    stderr: TextIO | None = None,
+    check: bool = True,
+) -> MPIRunResult:
+    """Run an mpi4py program on a gang of ``n`` ranks on Ray.
+
+    Args:
+        target: a script path (run as ``__main__`` in every rank) or a picklable callable
+            taking no arguments (it reads ``MPI.COMM_WORLD`` like a script).
+        n: the number of ranks.
+        args: the script's arguments (``sys.argv[1:]`` in every rank).
+        backend: ``"ray"`` (default) or ``"gloo"``; ``ANY_SOURCE`` needs ``"ray"``.
+        retries: how many times to rerun the whole program after a failed attempt.
+        gang: a started :class:`~rayflow.hpc.Gang` of ``n`` ranks to run on (kept started);
+            by default one is started for the run and shut down after it.
+        rank_num_cpus, gang_timeout_s: settings of the gang started for the run.
+        echo: write every rank's output, prefixed ``[rank]``, to ``stdout``/``stderr``
+            (default: this process's).
+        check: raise :class:`MPIRunError` when the last attempt failed.
+
+    Returns:
+        The :class:`MPIRunResult` of the last attempt.
+
+    Raises:
+        GangSchedulingError: the gang could not be placed whole.
+        MPIRunError: a rank failed (with ``check``); the message names the rank, its exit
+            code and its traceback.
+    """
+    from rayflow.hpc.gang import Gang
+
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"run_mpi needs a positive number of ranks, got {n!r}")
+    if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
+        raise ValueError(f"retries must be a non-negative int, got {retries!r}")
+    program = _program(target, args)
+    if gang is not None and gang.size != n:
+        raise ValueError(f"the gang has {gang.size} ranks, the run asks for {n}")
+    g = gang or Gang(n, backend=backend, rank_num_cpus=rank_num_cpus,
+                     gang_timeout_s=gang_timeout_s)
+    result = MPIRunResult(0)
+    try:
+        for attempt in range(retries + 1):
+            if not g.started:
+                g.start()
+            ranks = _attempt(g, program, attempt)
+            codes = [r.exit_code for r in ranks if r.exit_code]
+            result = MPIRunResult(max(codes, default=0), ranks, attempt + 1)
+            if echo:
+                _echo(ranks, stdout or sys.stdout, stderr or sys.stderr)
+            if not result.exit_code:
+                break
+    finally:
+        if gang is None:
+            g.shutdown()
+    if check and result.exit_code:
+        raise MPIRunError(_failure_message(result, retries), result)
+    return result
+
+
+def _failure_message(result: MPIRunResult, retries: int) -> str:
+    first = result.failed[0]
+    tries = f" (attempt {result.attempts} of {retries + 1})" if retries else ""
+    lines = [f"MPI program failed{tries}: rank {first.rank} exited with code {first.exit_code}"]
+    others = [f"rank {r.rank}: {r.exit_code}" for r in result.failed[1:]]
+    if others:
+        lines[0] += f"; also {', '.join(others)}"
+    if first.error:
+        lines.append(first.error.rstrip())
+    return "\n".join(lines)

@@ -1,0 +1,126 @@
+"""Three unmodified mpi4py programs (compute pi, a ring, a matvec with Allgather) run by
+``run_mpi`` on a shared gang and by ``rayflow mpirun`` in a subprocess; outputs against numpy."""
+
+from __future__ import annotations
+
+import io
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+PROGRAMS = Path(__file__).parent / "mpi_programs"
+
+
+def cpi_reference(n: int) -> float:
+    h = 1.0 / n
+    return h * sum(4.0 / (1.0 + (h * (i + 0.5)) ** 2) for i in range(n))
+
+
+def matvec_reference(n_local: int, size: int) -> np.ndarray:
+    n = n_local * size
+    a = np.random.default_rng(7).standard_normal((n, n))
+    x = np.random.default_rng(8).standard_normal(n)
+    return a @ x
+
+
+@pytest.fixture(scope="module")
+def gang(ray_session):
+    from rayflow.hpc import Gang
+
+    g = Gang(3, backend="ray", rank_num_cpus=0.5, gang_timeout_s=60).start()
+    yield g
+    g.shutdown()
+
+
+def _run(gang, name, *args):
+    from rayflow.hpc import run_mpi
+
+    out, err = io.StringIO(), io.StringIO()
+    res = run_mpi(PROGRAMS / name, gang.size, args=list(args), gang=gang, stdout=out, stderr=err)
+    assert res.exit_code == 0, err.getvalue()
+    return out.getvalue().splitlines()
+
+
+def test_compute_pi(gang):
+    lines = _run(gang, "cpi.py", "1000")
+    assert len(lines) == 1 and lines[0].startswith("[0] pi ")
+    pi = float(lines[0].split()[-1])
+    # summed per rank then reduced: the order differs from the serial sum, by a few ulps
+    assert pi == pytest.approx(cpi_reference(1000), rel=1e-14)
+    assert abs(pi - math.pi) < 1e-6
+
+
+def test_ring(gang):
+    lines = _run(gang, "ring.py")
+    assert "[0] token 103" in lines  # 100 + 1 + 2
+    for r in range(3):
+        assert f"[{r}] got from {(r - 1) % 3}" in lines
+    # rank 0's lines come first, each rank's in the order printed
+    assert lines[0] == "[0] token 103" and lines[1] == "[0] got from 2"
+
+
+def test_matvec_with_allgather(gang, tmp_path):
+    out = tmp_path / "y.npy"
+    assert _run(gang, "matvec.py", "5", str(out)) == ["[0] saved"]
+    np.testing.assert_allclose(np.load(out), matvec_reference(5, 3), rtol=1e-12)
+
+
+def _mpirun(n, *argv, check=True):
+    env = dict(os.environ, RAYFLOW_RAY__INCLUDE_DASHBOARD="false")
+    cmd = [sys.executable, "-m", "rayflow", "mpirun", "-n", str(n), "--rank-cpus", "0.25",
+           "--", "python", *argv]
+    return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+
+
+@pytest.mark.slow
+def test_programs_through_rayflow_mpirun(tmp_path):
+    """One `rayflow mpirun` per program (each starts its own local Ray)."""
+    cpi = _mpirun(4, str(PROGRAMS / "cpi.py"), "2000")
+    assert cpi.returncode == 0, cpi.stderr
+    pi = [ln for ln in cpi.stdout.splitlines() if ln.startswith("[0] pi ")]
+    assert float(pi[0].split()[-1]) == pytest.approx(cpi_reference(2000), rel=1e-14)
+    ring = _mpirun(2, str(PROGRAMS / "ring.py"))
+    assert ring.returncode == 0, ring.stderr
+    assert "[0] token 101" in ring.stdout.splitlines()
+    y = tmp_path / "y.npy"
+    mv = _mpirun(2, str(PROGRAMS / "matvec.py"), "4", str(y))
+    assert mv.returncode == 0, mv.stderr
+    np.testing.assert_allclose(np.load(y), matvec_reference(4, 2), rtol=1e-12)
+
+
+@pytest.mark.slow
+def test_rayflow_mpirun_reports_the_failed_rank(tmp_path):
+    prog = tmp_path / "fail.py"
+    prog.write_text("from mpi4py import MPI\n"
+                    "c = MPI.COMM_WORLD\n"
+                    "if c.rank == 1:\n    raise SystemExit(5)\n"
+                    "c.recv(source=1)\n")
+    res = _mpirun(2, str(prog))
+    assert res.returncode == 5
+    assert "rank 1 exited with code 5" in res.stderr
+
+
+def _guide_block(lang: str) -> str:
+    import re
+
+    text = (Path(__file__).parents[2] / "docs" / "hpc.md").read_text()
+    section = text.split("## mpi4py programs", 1)[1].split("\n## ", 1)[0]
+    return re.search(rf"```{lang}\n(.*?)```", section, re.S).group(1)
+
+
+def test_guide_python_example_runs(ray_session):
+    exec(compile(_guide_block("python"), "docs/hpc.md", "exec"), {})  # its assert checks it
+
+
+@pytest.mark.slow
+def test_guide_shell_example_runs():
+    env = dict(os.environ, RAYFLOW_RAY__INCLUDE_DASHBOARD="false")
+    res = subprocess.run(["bash", "-c", "set -e\n" + _guide_block("bash")], capture_output=True,
+                         text=True, env=env, timeout=600)
+    assert res.returncode == 0, res.stderr
+    assert "[0] pi 3.1415926536" in res.stdout.splitlines()

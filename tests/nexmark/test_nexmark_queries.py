@@ -1,0 +1,110 @@
+"""Each Nexmark query as a flow against its plain-Python reference, exactly, on events that
+are out of order and come from several source instances (partitions)."""
+
+import json
+
+import pytest
+
+import rayflow as rf
+from rayflow.errors import ConfigError
+from rayflow.nexmark import (
+    QUERIES,
+    NexmarkConfig,
+    NexmarkGenerator,
+    decode,
+    fill_kafka,
+    nexmark_flow,
+)
+
+# 4,000 events at 40 events/s of event time: 100 s, ten 10-second windows; out of order in
+# groups of 32 (0.8 s)
+CONFIG = NexmarkConfig(seed=5, first_event_rate=40.0, out_of_order_group_size=32)
+N = 4000
+
+
+@pytest.fixture(scope="module")
+def events():
+    return NexmarkGenerator(CONFIG).rows(range(N))
+
+
+def _run(query, columnar=None, parallelism=2, **kw):
+    late = rf.CollectSink() if QUERIES[query].event_time else None
+    flow = nexmark_flow(query, CONFIG, N, sink=rf.CollectSink(), parallelism=parallelism,
+                        columnar=columnar, late_sink=late, batch_size=250, **kw)
+    job = flow.run(timeout_s=180)
+    if late is not None:
+        assert job.collect("late") == []
+    return QUERIES[query].rows(job.collect("out"))
+
+
+@pytest.mark.parametrize("query", ["q0", "q1", "q2"])
+@pytest.mark.parametrize("columnar", [True, False])
+def test_stateless_queries_match_the_reference(ray_session, events, query, columnar):
+    got = _run(query, columnar)
+    assert got == QUERIES[query].reference(events)
+    assert got  # the set is large enough to give output
+
+
+@pytest.mark.parametrize("query", ["q5", "q7", "q8", "q11"])
+def test_windowed_queries_match_the_reference(ray_session, events, query):
+    got = _run(query)
+    assert got == QUERIES[query].reference(events)
+    assert len(got) >= 5
+
+
+def test_the_references_see_out_of_order_events(events):
+    times = [e["date_time"] for e in events]
+    assert times != sorted(times)
+    # several hot items per window, sessions that end and start again, several new sellers
+    assert len({r[2] for r in QUERIES["q5"].reference(events)}) > 1
+    assert len({r[0] for r in QUERIES["q8"].reference(events)}) > 1
+    sessions = [r[0] for r in QUERIES["q11"].reference(events)]
+    assert len(sessions) > len(set(sessions))
+
+
+def test_q5_reference_by_brute_force(events):
+    """Every window [s, s + 10) with s a multiple of 2 s, counted the slow way."""
+    bids = [e for e in events if e["kind"] == "bid"]
+    starts = sorted({(e["date_time"] // 2000) * 2000 - k * 2000 for e in bids for k in range(5)})
+    want = []
+    for s in starts:
+        counts = {}
+        for b in bids:
+            if s <= b["date_time"] < s + 10_000:
+                counts[b["auction"]] = counts.get(b["auction"], 0) + 1
+        if counts:
+            top = max(counts.values())
+            want += [(s / 1000, (s + 10_000) / 1000, a, n) for a, n in counts.items() if n == top]
+    assert QUERIES["q5"].reference(events) == sorted(want)
+
+
+def test_queries_read_a_prefilled_kafka_topic(ray_session, kafka_broker, new_topic, events):
+    topic = new_topic(partitions=3)
+    fill_kafka(kafka_broker.bootstrap, topic, CONFIG, N, partitions=3)
+    from kafka import KafkaConsumer
+
+    consumer = KafkaConsumer(topic, bootstrap_servers=kafka_broker.bootstrap,
+                             auto_offset_reset="earliest", consumer_timeout_ms=5000)
+    seen = [(m.partition, m.timestamp, json.loads(m.value)) for m in consumer]
+    consumer.close()
+    assert sorted((e["date_time"], json.dumps(e)) for _, _, e in seen) == \
+        sorted((e["date_time"], json.dumps(e)) for e in events)
+    assert all(t == e["date_time"] for _, t, e in seen)
+    assert {p for p, _, _ in seen} == {0, 1, 2}
+
+    source = rf.KafkaSource(topic, bootstrap=kafka_broker.bootstrap, bounded=True,
+                            deserializer=decode)
+    flow = nexmark_flow("q11", CONFIG, sink=rf.CollectSink(), parallelism=3, source=source,
+                        late_sink=rf.CollectSink(), name="nexmark-q11-kafka")
+    job = flow.run(timeout_s=180)
+    assert job.collect("late") == []
+    assert QUERIES["q11"].rows(job.collect("out")) == QUERIES["q11"].reference(events)
+
+
+def test_bad_queries_and_options_are_errors():
+    with pytest.raises(ConfigError, match=r"unknown query 'q99'.*'q0'"):
+        nexmark_flow("q99", CONFIG, sink=rf.CollectSink())
+    with pytest.raises(ConfigError, match="q5 has no Arrow path"):
+        nexmark_flow("q5", CONFIG, sink=rf.CollectSink(), columnar=True)
+    with pytest.raises(ConfigError, match="unknown option 'batchsize'"):
+        nexmark_flow("q0", CONFIG, sink=rf.CollectSink(), batchsize=10)

@@ -1,0 +1,60 @@
+"""The layers show in the imports: the user API, the pure logic and the connectors import no
+Ray when they load (a fresh interpreter per module), and no pure module imports the runtime."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+PKG = Path(__file__).resolve().parents[1] / "rayflow"
+
+PURE = [
+    "rayflow", "rayflow.dataflow", "rayflow.config", "rayflow.checkpoint",
+    "rayflow.checkpoint_store", "rayflow.batches", "rayflow.metrics",
+    "rayflow.operators.base", "rayflow.operators.stateless", "rayflow.operators.windows",
+    "rayflow.operators.watermarks", "rayflow.operators.image", "rayflow.state",
+    "rayflow.connectors.base", "rayflow.connectors.memory", "rayflow.connectors.kafka",
+    "rayflow.hpc.comm", "rayflow.hpc.cannon_index", "rayflow.hpc.cg_math",
+    "rayflow.examples.wordcount",
+]
+
+
+@pytest.mark.parametrize("module", PURE)
+def test_pure_module_imports_no_ray(module):
+    code = f"import sys, {module}; print('ray' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "False", f"importing {module} imports ray"
+
+
+def _top_level_imports(path: Path) -> set[str]:
+    """Modules imported at load time (not inside functions)."""
+    tree = ast.parse(path.read_text())
+    names: set[str] = set()
+    for node in tree.body:
+        if isinstance(node, ast.Import):
+            names |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names.add(node.module)
+    return names
+
+
+@pytest.mark.parametrize("package", ["operators", "state", "connectors"])
+def test_lower_layers_do_not_import_the_runtime(package):
+    for path in (PKG / package).rglob("*.py"):
+        bad = {m for m in _top_level_imports(path)
+               if m.startswith(("rayflow.runtime", "rayflow.deploy", "rayflow.cli"))}
+        assert not bad, f"{path.relative_to(PKG.parent)} imports {sorted(bad)} at load time"
+
+
+def test_pure_modules_import_no_upper_layer():
+    upper = ("ray", "ray.", "rayflow.runtime", "rayflow.hpc", "rayflow.deploy", "rayflow.cli")
+    for mod in ["checkpoint", "checkpoint_store", "config", "batches", "dataflow"]:
+        bad = {m for m in _top_level_imports(PKG / f"{mod}.py")
+               if m == "ray" or m.startswith(upper[1:])}
+        assert not bad, f"rayflow/{mod}.py imports {sorted(bad)} at load time"
