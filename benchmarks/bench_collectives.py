@@ -116,14 +116,16 @@ def _pingpong_path(comm, ray, x, path, ts) -> None:
             comm.barrier()
             t0 = time.perf_counter()
             if path == "object store":
-                # each ref is held until the peer has read it (the next barrier)
+                # a ref pickled by Ray's cloudpickle (plain pickle drops its owner); each is
+                # held until the peer has read it (the next barrier)
+                dumps, loads = ray.cloudpickle.dumps, ray.cloudpickle.loads
                 if comm.rank == 0:
                     ref = ray.put(x)
-                    comm.send([ref], 1)
-                    ray.get(comm.recv(1)[0])
+                    comm.send(dumps(ref), 1)
+                    ray.get(loads(comm.recv(1)))
                 else:
-                    ref = ray.put(ray.get(comm.recv(0)[0]))
-                    comm.send([ref], 0)
+                    ref = ray.put(ray.get(loads(comm.recv(0))))
+                    comm.send(dumps(ref), 0)
             elif comm.rank == 0:
                 comm.send(x, 1)
                 comm.recv(1)

@@ -9,6 +9,7 @@ Layout of one run of a job (``RUN = {state_dir}/checkpoints/{job}/{run_id}``)::
     RUN/chk-00000012/manifest.json   job, plan, backend, guarantee, source positions; written
                                      last, so a directory without it is not a checkpoint
     RUN/positions/src-0.json         at-most-once positions, rewritten before each batch
+    RUN/lease.json                   renewed every second while the run's coordinator lives
 
     >>> import tempfile
     >>> from rayflow.checkpoint import CompletedCheckpoint
@@ -35,6 +36,8 @@ from rayflow.checkpoint import CompletedCheckpoint
 
 MANIFEST = "manifest.json"
 HANDLES = "handles.pkl"
+LEASE = "lease.json"
+LEASE_S = 1.0  # how often a live run renews its lease
 
 
 def _fs(root: str):
@@ -141,6 +144,12 @@ class CheckpointStore:
                     out[(step, int(inst))] = pickle.loads(f.read())
         return out
 
+    # -- the lease of a live run -------------------------------------------------------
+    def renew_lease(self) -> None:
+        """Called every second by a live run's coordinator: a resume waits until it stops."""
+        with self.fs.open_output_stream(self._join(LEASE)) as f:
+            f.write(json.dumps({"t": time.time(), "n": time.monotonic_ns()}).encode())
+
     def remove(self) -> None:
         """Delete the run's checkpoints (after a job that finished)."""
         self.fs.delete_dir(self.path)
@@ -173,3 +182,46 @@ def load_checkpoint(path: str) -> CompletedCheckpoint:
         frozenset(tuple(t) for t in meta.get("finished_tasks", [])),
         savepoint=meta.get("savepoint", False), path=path, meta=meta,
         drained=frozenset(tuple(t) for t in meta.get("drained_tasks", [])))
+
+
+def _read_lease(filesystem, run: str) -> str | None:
+    from pyarrow import fs
+
+    path = f"{run}/{LEASE}"
+    if filesystem.get_file_info(path).type != fs.FileType.File:
+        return None
+    with filesystem.open_input_stream(path) as f:
+        return f.read().decode()
+
+
+def wait_until_released(path: str, timeout_s: float = 30.0) -> None:
+    """Return once no live run owns the checkpoints at ``path`` (a ``chk-N`` or run
+    directory): its lease is older than a few renewals, or stops changing. A run whose
+    driver just died may still have a coordinator and sinks alive for a moment, which
+    could complete (and commit) one more checkpoint than a resume that started at once
+    would see.
+
+    Raises:
+        RuntimeError: the run is still alive after ``timeout_s``.
+    """
+    from pyarrow import fs
+
+    filesystem, p = _fs(path)
+    if filesystem.get_file_info(f"{p}/{MANIFEST}").type == fs.FileType.File:
+        run = p.rsplit("/", 1)[0]
+    else:
+        run = p
+    last = _read_lease(filesystem, run)
+    if last is None or time.time() - json.loads(last)["t"] > 10 * LEASE_S:
+        return
+    deadline = time.monotonic() + timeout_s
+    still = 0.0
+    while time.monotonic() < deadline:
+        time.sleep(0.5)
+        now = _read_lease(filesystem, run)
+        still = still + 0.5 if now == last else 0.0
+        if still >= 3 * LEASE_S:
+            return
+        last = now
+    raise RuntimeError(f"{path}: the run that owns these checkpoints is still running (its "
+                       f"coordinator renews {run}/{LEASE}); stop it before resuming from it")

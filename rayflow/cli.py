@@ -457,9 +457,14 @@ def mpirun(num_ranks: int, address: str | None, backend: str | None, retries: in
     args = list(command)
     if args and os.path.basename(args[0]).startswith("python"):
         args = args[1:]
-    if not args or args[0].startswith("-"):
-        raise click.UsageError("give the program as `-- python prog.py ARGS` (python options "
-                               f"such as {args[0] if args else '-m'!r} are not supported)")
+    if not args:
+        raise click.UsageError("no program: give it as `-- python prog.py ARGS`")
+    if args[0].startswith("-"):
+        raise click.UsageError(f"unknown option {args[0]!r} before the program (python's own "
+                               "options, such as -m, are not supported); give the program as "
+                               "`-- python prog.py ARGS`")
+    if not os.path.isfile(args[0]):  # before Ray starts, which takes seconds
+        raise FileNotFoundError(f"MPI program {args[0]!r} not found")
     if address:
         os.environ.setdefault("RAY_AUTH_MODE", "token")  # a client by address needs the token
     ensure_ray(address)

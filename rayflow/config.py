@@ -179,7 +179,7 @@ class HpcOptions(BaseModel):
 
     model_config = _FROZEN
     backend: Literal["ray", "gloo"] = Field(
-        "ray", description="rank-to-rank transport: Ray's object store (ray) or torch gloo")
+        "ray", description="rank-to-rank transport: direct shared memory and TCP after a Ray rendezvous (ray), or torch gloo")
     strategy: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = Field(
         "PACK", description="placement-group strategy of a gang")
     gang_timeout_s: float = Field(30.0, gt=0, description="seconds a gang may wait to be "

@@ -180,7 +180,7 @@ class _Plotter:
 def _plot_line(ctx: _Ctx, path: Path | None, what: str) -> list[str]:
     if path is None:
         return [f"_Plot of {what} skipped: matplotlib is not installed "
-                "(`pip install 'rayflow[bench]'`)._", ""]
+                "(`pip install -e '.[bench]'`)._", ""]
     return [f"![{what}]({ctx.link(path)})", ""]
 
 

@@ -18,7 +18,7 @@ PURE = [
     "rayflow.operators.base", "rayflow.operators.stateless", "rayflow.operators.windows",
     "rayflow.operators.watermarks", "rayflow.operators.image", "rayflow.state",
     "rayflow.connectors.base", "rayflow.connectors.memory", "rayflow.connectors.kafka",
-    "rayflow.hpc.comm", "rayflow.hpc.cannon_index", "rayflow.hpc.cg_math",
+    "rayflow.hpc.comm", "rayflow.hpc.cannon_index", "rayflow.hpc.cg_math", "rayflow.hpc.MPI",
     "rayflow.examples.wordcount",
 ]
 

@@ -31,10 +31,12 @@ _EXPORTS = {
     "MPIRunError": "rayflow.hpc.mpirun",
 }
 
-__all__ = sorted(_EXPORTS)
+__all__ = sorted([*_EXPORTS, "MPI"])
 
 
 def __getattr__(name: str) -> Any:
+    if name == "MPI":  # a module (mpi4py's name), not a name inside one
+        return importlib.import_module("rayflow.hpc.MPI")
     try:
         module = _EXPORTS[name]
     except KeyError:

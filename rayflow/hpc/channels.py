@@ -153,9 +153,9 @@ def _decode_record(view: memoryview) -> tuple:
     nbuf = word & ~_SEG_FLAG
     pos = 8 + 8 * nbuf
     hdr = view[pos : pos + hlen]
-    if word & _SEG_FLAG:
-        address, inner = pickle.loads(hdr)
-        return pickle.loads(inner, buffers=shm.Segment.open(address))
+    if word & _SEG_FLAG:  # the pickle stream and its buffers in a segment of their own
+        views = shm.Segment.open(pickle.loads(hdr))
+        return pickle.loads(views[0], buffers=views[1:])
     pos += hlen
     bufs = []
     for i in range(nbuf):
@@ -204,7 +204,12 @@ class _ShmLink:
         """Send one message; ``seg``: its payload already in a segment (shared by receivers)."""
         if self.segments:
             self._release_read_segments()
-        if not bufs:
+        # a record must fit the ring: anything larger (arrays, or a big pickle stream) goes
+        # into a segment, header included
+        limit = min(SEGMENT_BYTES, self.ring.capacity - 1024)
+        if seg is None and len(hdr) + nbytes + 16 * (len(bufs) + 1) > limit:
+            seg = _Segment([memoryview(hdr), *bufs], self.seg_name, 1)
+        if seg is None and not bufs:
             payload = _II.pack(len(hdr), 0) + hdr
             # only this thread adds to ``pending``, and the flusher writes only while it is
             # non-empty: with it empty, this thread is the ring's one producer
@@ -218,10 +223,8 @@ class _ShmLink:
                     flusher.kick()
             shm.ring_fd(self.bell_fd)
             return
-        if seg is None and nbytes > SEGMENT_BYTES:
-            seg = _Segment(bufs, self.seg_name, 1)
         if seg is not None:
-            parts, n = _record(pickle.dumps((seg.address, hdr), protocol=5), (), _SEG_FLAG)
+            parts, n = _record(pickle.dumps(seg.address, protocol=5), (), _SEG_FLAG)
         else:
             parts, n = _record(hdr, bufs)
         with self.lock:
@@ -550,8 +553,10 @@ class DirectTransport:
         links = [self._link(d) for d in others]
         local = [lk for lk in links if lk.kind == "shm"]
         seg = None
-        if n > SEGMENT_BYTES and len(local) > 1:  # one copy, mapped by every local receiver
-            seg = _Segment(bufs, f"{local[0].seg_name.rsplit('-to', 1)[0]}-many", len(local))
+        if len(local) > 1 and len(hdr) + n > min(SEGMENT_BYTES, *(lk.ring.capacity - 1024 for lk in local)):
+            # one copy, mapped by every local receiver
+            seg = _Segment([memoryview(hdr), *bufs],
+                           f"{local[0].seg_name.rsplit('-to', 1)[0]}-many", len(local))
         for lk in links:
             if lk.kind == "shm":
                 lk.send(hdr, bufs, n, self._ch.flusher, seg)

@@ -254,7 +254,7 @@ class Gang:
             from rayflow.hpc.gloo_backend import gloo_available
 
             if not gloo_available():
-                raise RuntimeError("the gloo backend needs torch: pip install 'rayflow[gloo]'")
+                raise RuntimeError("the gloo backend needs torch: pip install -e '.[gloo]' (from the checkout)")
         bundles = [dict(self.bundle) for _ in range(self.size)]
         pg = placement_group(bundles, strategy=self.strategy)
         if not pg.wait(timeout_seconds=self.gang_timeout_s):

@@ -1,6 +1,6 @@
 """The gloo backend: world collectives through ``ray.util.collective`` (torch gloo), p2p by tag.
 
-Usage: ``Gang(4, backend="gloo")`` (needs ``pip install 'rayflow[gloo]'``, i.e. torch)
+Usage: ``Gang(4, backend="gloo")`` (needs ``pip install -e '.[gloo]' (from the checkout)``, i.e. torch)
 
 gloo supports one world per process (subgroups of a world of 4 gave silently wrong sums), so
 only the world communicator uses the native collectives; row and column communicators run

@@ -8,8 +8,8 @@ Every rank runs the program with ``from mpi4py import MPI`` resolving to
 placed whole or not at all (:class:`~rayflow.hpc.gang.Gang`), so a run never starts with some
 ranks missing.
 
-A rank's stdout and stderr are captured and forwarded to the caller's streams when the run
-ends, each line prefixed with ``[rank]``, rank 0 first. The run's exit status is the worst
+A rank's stdout and stderr are captured and forwarded to the caller's streams while it runs
+(every 0.2 s, in whole lines), each line prefixed with ``[rank]``. The run's exit status is the worst
 rank's (the largest exit code). When a rank fails (an exception, ``sys.exit(k)`` with ``k``
 non-zero, ``Comm.Abort``, or a lost rank process) the other ranks are stopped, as
 ``mpiexec`` does: a rank waiting on a message is woken, and one that does not stop in time is
@@ -23,6 +23,7 @@ import contextlib
 import io
 import os
 import sys
+import threading
 import traceback
 import types
 import uuid
@@ -35,6 +36,8 @@ from rayflow.errors import RayflowError
 # How long the other ranks may take to stop after one failed, before they are killed.
 _STOP_TIMEOUT_S = 10.0
 _LOST = "the rank's process was lost"
+# How often a rank sends what it printed to the caller while it runs.
+_FORWARD_INTERVAL_S = 0.2
 
 
 class MPIRunError(RayflowError):
@@ -150,14 +153,90 @@ def _exit_code(exc: SystemExit, stderr: TextIO) -> int:
     return 1
 
 
-def _rank_main(comm: Any, program: _Program) -> dict:
+class _Forwarder(io.TextIOBase):
+    """A rank's stdout or stderr: kept whole for the result, and sent to the caller's sink
+    in whole lines every :data:`_FORWARD_INTERVAL_S` (from a thread, so that a line printed
+    before a long computation shows up during it)."""
+
+    def __init__(self, rank: int, stream: str, sink: Any):
+        self._rank, self._stream, self._sink = rank, stream, sink
+        self._kept = io.StringIO()
+        self._pending: list[str] = []
+        self._lock = threading.Lock()
+        self._last_ref: Any = None
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, text: str) -> int:
+        with self._lock:
+            self._kept.write(text)
+            if self._sink is not None:
+                self._pending.append(text)
+        return len(text)
+
+    def send(self, final: bool = False) -> None:
+        with self._lock:
+            text = "".join(self._pending)
+            cut = len(text) if final else text.rfind("\n") + 1
+            if not cut:
+                return
+            self._pending = [text[cut:]] if text[cut:] else []
+            self._last_ref = self._sink.put.remote(self._rank, self._stream, text[:cut])
+
+    def close_and_wait(self) -> None:
+        """Send the rest and wait until the sink has it (the caller then drains once more)."""
+        if self._sink is None:
+            return
+        import ray
+
+        self.send(final=True)
+        if self._last_ref is not None:
+            ray.get(self._last_ref)
+
+    def getvalue(self) -> str:
+        return self._kept.getvalue()
+
+
+def _sink_class() -> Any:
+    import ray
+
+    @ray.remote(num_cpus=0)
+    class _OutputSink:
+        """Collects the ranks' output for the caller, which drains it while the run goes on."""
+
+        def __init__(self) -> None:
+            self._chunks: list[tuple[int, str, str]] = []
+
+        def put(self, rank: int, stream: str, text: str) -> None:
+            self._chunks.append((rank, stream, text))
+
+        def drain(self) -> list[tuple[int, str, str]]:
+            out, self._chunks = self._chunks, []
+            return out
+
+    return _OutputSink
+
+
+def _rank_main(comm: Any, program: _Program, sink: Any = None) -> dict:
     """Run ``program`` in this rank with ``mpi4py`` bound to ``comm``; never raises."""
     from rayflow.hpc import MPI
     from rayflow.hpc.channels import StageAborted
 
     comm._t = _with_try_recv(comm._t)
     MPI._bind(comm)
-    out, err = io.StringIO(), io.StringIO()
+    out = _Forwarder(comm.rank, "stdout", sink)
+    err = _Forwarder(comm.rank, "stderr", sink)
+    stop = threading.Event()
+
+    def pump() -> None:
+        while not stop.wait(_FORWARD_INTERVAL_S):
+            out.send()
+            err.send()
+
+    pumper = threading.Thread(target=pump, name="rayflow-mpi-output", daemon=True)
+    if sink is not None:
+        pumper.start()
     saved_modules = {k: sys.modules.get(k) for k in ("mpi4py", "mpi4py.MPI")}
     saved_argv, saved_path = sys.argv, list(sys.path)
     shim = _shim()
@@ -191,6 +270,11 @@ def _rank_main(comm: Any, program: _Program) -> dict:
                 sys.stdout.flush()
                 sys.stderr.flush()
     finally:
+        stop.set()
+        if pumper.is_alive():
+            pumper.join()
+        out.close_and_wait()
+        err.close_and_wait()
         sys.argv = saved_argv
         sys.path[:] = saved_path
         for k, v in saved_modules.items():
@@ -216,20 +300,28 @@ def _program(target: str | os.PathLike | Callable[[], Any], args: Sequence[str])
     return _Program(path, source, tuple(str(a) for a in args))
 
 
-def _attempt(g: Any, program: _Program, attempt: int) -> list[RankResult]:
+def _attempt(g: Any, program: _Program, attempt: int, echo: tuple[TextIO, TextIO] | None
+             ) -> list[RankResult]:
     import ray
 
     from rayflow.hpc.stage import _stop_survivors
 
     stage = uuid.uuid4().hex[:12]
+    sink = _sink_class().remote() if echo is not None else None
+
+    def forward() -> None:
+        if sink is not None:
+            _echo_chunks(ray.get(sink.drain.remote()), *echo)
     calls = [list(a.run.options(num_returns=2).remote(stage, attempt, 1, _rank_main,
-                                                      (program,), None))
+                                                      (program, sink), None))
              for a in g.actors]
     outs: list[RankResult | None] = [None] * g.size
     pending = {c[1]: r for r, c in enumerate(calls)}
     failed = False
     while pending and not failed:
-        ready, _ = ray.wait(list(pending), num_returns=1, fetch_local=False)
+        ready, _ = ray.wait(list(pending), num_returns=1, fetch_local=False,
+                            timeout=_FORWARD_INTERVAL_S)
+        forward()
         for ref in ready:
             r = pending.pop(ref)
             outs[r] = _collect(r, calls[r])
@@ -251,6 +343,9 @@ def _attempt(g: Any, program: _Program, attempt: int) -> list[RankResult]:
             g.repair(dead)  # only the lost or stuck ranks are replaced
         else:
             g.shutdown()  # a gloo rank blocked in a receive cannot be woken: a new gang
+    forward()
+    if sink is not None:
+        ray.kill(sink)
     return [o for o in outs if o is not None]
 
 
@@ -272,11 +367,11 @@ def _collect(rank: int, refs: list) -> RankResult:
                       got["value"])
 
 
-def _echo(results: list[RankResult], stdout: TextIO, stderr: TextIO) -> None:
-    for res in results:
-        for text, stream in ((res.stdout, stdout), (res.stderr, stderr)):
-            for line in text.splitlines():
-                stream.write(f"[{res.rank}] {line}\n")
+def _echo_chunks(chunks: list[tuple[int, str, str]], stdout: TextIO, stderr: TextIO) -> None:
+    for rank, name, text in chunks:
+        stream = stdout if name == "stdout" else stderr
+        for line in text.splitlines():
+            stream.write(f"[{rank}] {line}\n")
     stdout.flush()
     stderr.flush()
 
@@ -336,11 +431,10 @@ def run_mpi(
         for attempt in range(retries + 1):
             if not g.started:
                 g.start()
-            ranks = _attempt(g, program, attempt)
+            ranks = _attempt(g, program, attempt,
+                             (stdout or sys.stdout, stderr or sys.stderr) if echo else None)
             codes = [r.exit_code for r in ranks if r.exit_code]
             result = MPIRunResult(max(codes, default=0), ranks, attempt + 1)
-            if echo:
-                _echo(ranks, stdout or sys.stdout, stderr or sys.stderr)
             if not result.exit_code:
                 break
     finally:

@@ -81,8 +81,8 @@ def nexmark_flow(query: str | Query, config: NexmarkConfig | None = None,
         parallelism: instances of the source (each makes every n-th event) and the steps.
         columnar: Arrow batches for the queries that have an Arrow path (default), else dicts.
         late_sink: for event-time queries, where the late events of the first windowed step
-            go (by default they are dead letters; with the default ``max_delay_s`` there are
-            none).
+            go (by default they are dead letters; the source's watermarks trail by
+            :func:`max_delay_s`, so the generator's events are never late).
         source: another source of event dicts instead of the generator (e.g. a KafkaSource
             with ``deserializer=decode``).
         name: the flow's name (default ``nexmark-<query>``).
@@ -104,15 +104,20 @@ def nexmark_flow(query: str | Query, config: NexmarkConfig | None = None,
         columnar = query.columnar and source is None
     if columnar and not query.columnar:
         raise ConfigError(f"nexmark: {query.name} has no Arrow path; use columnar=False")
+    if columnar and source is not None:
+        raise ConfigError("nexmark: a given source gives event dicts; use columnar=False")
+    if late_sink is not None and not query.event_time:
+        raise ConfigError(f"nexmark: {query.name} has no event-time step, so no late events "
+                          f"for late_sink")
     if source is None:
         source = nexmark_source(config, count, rate=rate, columnar=columnar)
     flow = Dataflow(name or f"nexmark-{query.name}")
     wm = EventTime(timestamp=event_time_s, max_delay_s=max_delay_s(config)) \
         if query.event_time else None
     events = flow.source("events", source, parallelism, watermarks=wm, **source_options)
-    out = query.build(events, columnar)
+    out = query.build(events, columnar, config)
     out.sink("out", sink)
-    if late_sink is not None and query.event_time:
+    if late_sink is not None:
         first = next(s.step_id for s in flow.steps if getattr(s.spec, "event_time", False))
         from rayflow.dataflow import Stream
 

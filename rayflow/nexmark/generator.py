@@ -211,8 +211,10 @@ class NexmarkGenerator:
 
     # -- events ------------------------------------------------------------------------------
 
-    def columns(self, n: Iterable[int] | np.ndarray) -> dict[str, np.ndarray]:
-        """The events numbered ``n`` as numpy columns (see :data:`COLUMNS`)."""
+    def columns(self, n: Iterable[int] | np.ndarray, *, urls: bool = True
+                ) -> dict[str, np.ndarray]:
+        """The events numbered ``n`` as numpy columns (see :data:`COLUMNS`); without
+        ``urls`` the ``url`` column is left out (:meth:`batch` builds it in Arrow)."""
         c = self.config
         n = np.asarray(n, dtype=np.int64)
         if n.ndim != 1:
@@ -280,16 +282,21 @@ class NexmarkGenerator:
             "bidder": np.where(bid, bidder, zeros),
             "price": np.where(bid, price, zeros),
             "channel": _strings(bid, lambda i: _CHANNELS[chan[i]]),
-            "url": _strings(bid, lambda i: [_URL + str(v) for v in b_auction[i].tolist()]),
+            **({"url": _strings(bid, lambda i: [_URL + str(v) for v in b_auction[i].tolist()])}
+               if urls else {}),
         }
 
     def batch(self, n: Iterable[int] | np.ndarray):
         """The events numbered ``n`` as an Arrow table (columns :data:`COLUMNS`)."""
         import pyarrow as pa
+        import pyarrow.compute as pc
 
-        cols = self.columns(n)
-        return pa.table({k: (pa.array(v.tolist(), pa.string()) if v.dtype == object
-                             else pa.array(v)) for k, v in cols.items()})
+        cols = self.columns(n, urls=False)
+        table = {k: pa.array(v, pa.string()) if v.dtype == object else pa.array(v)
+                 for k, v in cols.items()}
+        urls = pc.binary_join_element_wise(_URL, pc.cast(table["auction"], pa.string()), "")
+        table["url"] = pc.if_else(pc.equal(table["kind"], BID), urls, "")
+        return pa.table(table)
 
     def rows(self, n: Iterable[int] | np.ndarray) -> list[dict[str, Any]]:
         """The events numbered ``n`` as dicts: the fields of their kind, plus ``kind``

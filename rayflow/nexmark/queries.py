@@ -9,10 +9,19 @@ Nexmark suite's SQL (nexmark/nexmark, ``queries/q*.sql``):
 - ``q0`` pass-through of the bids; ``q1`` bid prices in euros (``0.908 * price``);
   ``q2`` the bids of auctions whose id is a multiple of 123.
 - ``q5`` hot items: per sliding window of 10 s every 2 s, the auctions with the most bids.
-- ``q7`` highest bid: per tumbling window of 10 s, the bids at its highest price.
+- ``q7`` highest bid: per tumbling window of 10 s, the bids at its highest price (the
+  suite joins the maximum back to the bids of ``[end - 10 s, end]``, both ends included;
+  here they are the window's own bids, ``[start, end)``).
 - ``q8`` new users: people who opened an auction in the 10 s tumbling window in which they
   registered (a window join of people and auctions).
+- ``q9`` winning bids: each auction with its highest bid placed while it was open (an
+  interval join of auctions and bids, then a window per auction that closes at its expiry).
 - ``q11`` user sessions: bids per bidder and session (10 s gap).
+- ``q16`` channel statistics: per channel and (UTC) day, the latest minute and the number
+  of bids, distinct bidders and distinct auctions, in all and per price range (a tumbling
+  window of a day: its result is the final state of the suite's unwindowed GROUP BY).
+- ``q20`` expanded bids: each bid with its auction's fields, for auctions of category 10
+  (a regular join: a bid before its auction waits for it).
 
 Windows are half-open ``[start, end)`` in event time, in seconds; event times are the
 events' ``date_time`` (ms) / 1000.
@@ -47,6 +56,7 @@ Q5_LENGTH_S, Q5_SLIDE_S = 10, 2
 Q7_LENGTH_S = 10
 Q8_LENGTH_S = 10
 Q11_GAP_S = 10
+Q20_CATEGORY = 10
 
 
 @dataclass(frozen=True)
@@ -56,8 +66,9 @@ class Query:
     Attributes:
         name: ``q0`` ... ``q20``.
         description: one line.
-        build: ``(events stream, columnar) -> output stream``; ``columnar`` says whether
-            the events arrive as Arrow batches (else as dicts).
+        build: ``(events stream, columnar, config) -> output stream``; ``columnar`` says
+            whether the events arrive as Arrow batches (else as dicts); ``config`` is the
+            generator's :class:`~rayflow.nexmark.generator.NexmarkConfig`.
         reference: ``events (dicts) -> sorted output rows``.
         rows: ``collected sink output -> sorted output rows`` (the reference's form).
         event_time: whether the query needs watermarks on its source.
@@ -67,7 +78,7 @@ class Query:
 
     name: str
     description: str
-    build: Callable[[Any, bool], Any]
+    build: Callable[[Any, bool, Any], Any]
     reference: Callable[[list[dict]], list]
     rows: Callable[[Any], list]
     event_time: bool = False
@@ -79,12 +90,10 @@ class Query:
         return self.arrow is not None
 
 
-def _kind(name: str) -> Callable[[dict], bool]:
-    return _IsKind(name)
-
-
 @dataclass(frozen=True)
 class _IsKind:
+    """Filter: events of one kind (picklable, unlike a lambda by reference)."""
+
     name: str
 
     def __call__(self, event: dict) -> bool:
@@ -116,10 +125,10 @@ def _q0_row(e: dict) -> dict:
     return {k: e[k] for k in _BID_COLUMNS}
 
 
-def _q0_build(events, columnar):
+def _q0_build(events, columnar, config):
     if columnar:
         return events.map_batches("q0", _q0_arrow)
-    return events.filter("bids", _kind("bid")).map("q0", _q0_row)
+    return events.filter("bids", _IsKind("bid")).map("q0", _q0_row)
 
 
 def _q0_reference(events):
@@ -145,10 +154,10 @@ def _q1_row(e: dict) -> dict:
             "date_time": e["date_time"]}
 
 
-def _q1_build(events, columnar):
+def _q1_build(events, columnar, config):
     if columnar:
         return events.map_batches("q1", _q1_arrow)
-    return events.filter("bids", _kind("bid")).map("q1", _q1_row)
+    return events.filter("bids", _IsKind("bid")).map("q1", _q1_row)
 
 
 def _q1_reference(events):
@@ -179,7 +188,7 @@ def _q2_row(e: dict) -> dict:
     return {"auction": e["auction"], "price": e["price"]}
 
 
-def _q2_build(events, columnar):
+def _q2_build(events, columnar, config):
     if columnar:
         return events.map_batches("q2", _q2_arrow)
     return events.filter("q2-filter", _q2_keep).map("q2", _q2_row)
@@ -235,8 +244,8 @@ def _q5_expand(r) -> list[tuple]:
     return [(end - Q5_LENGTH_S, end, a, n) for a in auctions]
 
 
-def _q5_build(events, columnar):
-    counts = (events.filter("bids", _kind("bid")).key_by(_auction_of)
+def _q5_build(events, columnar, config):
+    counts = (events.filter("bids", _IsKind("bid")).key_by(_auction_of)
               .window("q5-count", SlidingWindow(Q5_LENGTH_S, Q5_SLIDE_S), Count(),
                       clock=EventTime()))
     # every count of one window carries the window's last instant as its event time: a
@@ -302,8 +311,8 @@ def _q7_expand(r) -> list[tuple]:
             for b in r.value[1]]
 
 
-def _q7_build(events, columnar):
-    return (events.filter("bids", _kind("bid")).key_by(_everything)
+def _q7_build(events, columnar, config):
+    return (events.filter("bids", _IsKind("bid")).key_by(_everything)
             .window("q7-max", TumblingWindow(Q7_LENGTH_S), MaxBy("price"), clock=EventTime())
             .flat_map("q7", _q7_expand))
 
@@ -358,9 +367,9 @@ def _is_not_none(x) -> bool:
     return x is not None
 
 
-def _q8_build(events, columnar):
-    persons, rest = events.branch("persons", _kind("person"))
-    auctions = rest.filter("auctions", _kind("auction"))
+def _q8_build(events, columnar, config):
+    persons, rest = events.branch("persons", _IsKind("person"))
+    auctions = rest.filter("auctions", _IsKind("auction"))
     joined = persons.key_by(_person_id).join("q8-join", auctions.key_by(_seller),
                                              TumblingWindow(Q8_LENGTH_S), clock=EventTime())
     rows = joined.map("q8-row", _q8_row).key_by(_q8_key)
@@ -385,6 +394,92 @@ def _q8_rows(out):
     return sorted(out)
 
 
+# -- q9: winning bids (interval join, then a window per auction) ------------------------------
+
+_Q9_AUCTION = ("id", "item_name", "initial_bid", "reserve", "date_time", "expires", "seller",
+               "category")
+
+
+def max_auction_s(config) -> float:
+    """The longest an auction of ``config`` can run, in seconds, with a second to spare: it
+    runs ``1 + u * 2 * horizon`` ms, where the horizon is the time until
+    ``num_in_flight_auctions`` more auctions exist."""
+    ahead = (config.num_in_flight_auctions * config.total_proportion) // config.auction_proportion
+    return (2 * (ahead * config.inter_event_delay_us / 1000 + 1) + 1) / 1000 + 1.0
+
+
+def _in_auction(pair) -> bool:
+    _, auction, bid = pair
+    return bid["date_time"] <= auction["expires"]
+
+
+def _expiry_s(pair) -> float:
+    return pair[1]["expires"] / 1000
+
+
+def _pair_key(pair) -> int:
+    return pair[0]
+
+
+@dataclass(frozen=True)
+class WinningBid(Aggregator[Any]):
+    """The best ``(key, auction, bid)`` pair: highest price, then earliest bid, then lowest
+    bidder (the suite orders by price descending, then time)."""
+
+    def create(self):
+        return None
+
+    def add(self, acc, pair):
+        b = pair[2]
+        if acc is None:
+            return pair
+        a = acc[2]
+        if (-b["price"], b["date_time"], b["bidder"]) < (-a["price"], a["date_time"],
+                                                        a["bidder"]):
+            return pair
+        return acc
+
+    def merge(self, a, b):
+        return a if b is None else self.add(a, b) if a is not None else b
+
+
+def _q9_row(r) -> tuple:
+    _, auction, bid = r.value
+    return (*(auction[k] for k in _Q9_AUCTION), bid["bidder"], bid["price"], bid["date_time"])
+
+
+def _q9_build(events, columnar, config):
+    auctions, rest = events.branch("auctions", _IsKind("auction"))
+    bids = rest.filter("bids", _IsKind("bid"))
+    pairs = auctions.key_by(_person_id).interval_join(
+        "q9-join", bids.key_by(_auction_of), 0.0, max_auction_s(config), clock=EventTime())
+    # every pair of an auction falls in the one-second window of its expiry, which closes
+    # once the watermark has passed it: then no bid of the auction can come any more
+    return (pairs.filter("q9-open", _in_auction).key_by(_pair_key)
+            .window("q9-best", TumblingWindow(1.0), WinningBid(),
+                    clock=EventTime(timestamp=_expiry_s))
+            .map("q9", _q9_row))
+
+
+def _q9_reference(events):
+    auctions = {e["id"]: e for e in events if e["kind"] == "auction"}
+    best: dict[int, dict] = {}
+    for b in events:
+        a = auctions.get(b["auction"]) if b["kind"] == "bid" else None
+        if a is None or not a["date_time"] <= b["date_time"] <= a["expires"]:
+            continue
+        cur = best.get(a["id"])
+        if cur is None or (-b["price"], b["date_time"], b["bidder"]) < (
+                -cur["price"], cur["date_time"], cur["bidder"]):
+            best[a["id"]] = b
+    return sorted((*(auctions[i][k] for k in _Q9_AUCTION), b["bidder"], b["price"],
+                   b["date_time"]) for i, b in best.items())
+
+
+def _q9_rows(out):
+    return sorted(out)
+
+
 # -- q11: user sessions (session windows) -----------------------------------------------------
 
 def _bidder_of(e: dict) -> int:
@@ -395,8 +490,8 @@ def _q11_row(r) -> tuple:
     return (r.key, r.value, r.start, r.end)
 
 
-def _q11_build(events, columnar):
-    return (events.filter("bids", _kind("bid")).key_by(_bidder_of)
+def _q11_build(events, columnar, config):
+    return (events.filter("bids", _IsKind("bid")).key_by(_bidder_of)
             .window("q11-sessions", SessionWindow(Q11_GAP_S), Count(), clock=EventTime())
             .map("q11", _q11_row))
 
@@ -426,6 +521,140 @@ def _q11_rows(out):
     return sorted(out)
 
 
+# -- q16: channel statistics per day ---------------------------------------------------------
+
+Q16_DAY_S = 86_400
+Q16_RANKS = (10_000, 1_000_000)  # price < 10,000; < 1,000,000; the rest
+
+
+def _rank(price: int) -> int:
+    return 0 if price < Q16_RANKS[0] else 1 if price < Q16_RANKS[1] else 2
+
+
+def _hh_mm(ms: int) -> str:
+    import datetime as dt
+
+    return dt.datetime.fromtimestamp(ms / 1000, dt.timezone.utc).strftime("%H:%M")
+
+
+def _day(ms: int) -> str:
+    import datetime as dt
+
+    return dt.datetime.fromtimestamp(ms / 1000, dt.timezone.utc).strftime("%Y-%m-%d")
+
+
+@dataclass(frozen=True)
+class ChannelStats(Aggregator[tuple]):
+    """q16's counts of a channel's bids: ``(latest ms, bids per rank, bidders per rank,
+    auctions per rank)``; rank 3 is every bid (the totals)."""
+
+    def create(self):
+        return (-1, [0, 0, 0, 0], [set(), set(), set(), set()], [set(), set(), set(), set()])
+
+    def add(self, acc, bid):
+        last, bids, bidders, auctions = acc
+        for r in (_rank(bid["price"]), 3):
+            bids[r] += 1
+            bidders[r].add(bid["bidder"])
+            auctions[r].add(bid["auction"])
+        return (max(last, bid["date_time"]), bids, bidders, auctions)
+
+    def merge(self, a, b):
+        return (max(a[0], b[0]), [x + y for x, y in zip(a[1], b[1])],
+                [x | y for x, y in zip(a[2], b[2])], [x | y for x, y in zip(a[3], b[3])])
+
+    def result(self, acc):
+        last, bids, bidders, auctions = acc
+        return (_hh_mm(last), bids[3], *bids[:3], len(bidders[3]),
+                *map(len, bidders[:3]), len(auctions[3]), *map(len, auctions[:3]))
+
+
+def _channel_of(e: dict) -> str:
+    return e["channel"]
+
+
+def _q16_row(r) -> tuple:
+    return (r.key, _day(int(r.start * 1000)), *r.value)
+
+
+def _q16_build(events, columnar, config):
+    return (events.filter("bids", _IsKind("bid")).key_by(_channel_of)
+            .window("q16-stats", TumblingWindow(Q16_DAY_S), ChannelStats(), clock=EventTime())
+            .map("q16", _q16_row))
+
+
+def _q16_reference(events):
+    groups: dict[tuple, list[dict]] = defaultdict(list)
+    for e in events:
+        if e["kind"] == "bid":
+            groups[(e["channel"], _day(e["date_time"]))].append(e)
+    out = []
+    for (channel, day), bids in groups.items():
+        ranked = [[b for b in bids if _rank(b["price"]) == r] for r in range(3)]
+        out.append((channel, day, max(_hh_mm(b["date_time"]) for b in bids), len(bids),
+                    *map(len, ranked), len({b["bidder"] for b in bids}),
+                    *(len({b["bidder"] for b in r}) for r in ranked),
+                    len({b["auction"] for b in bids}),
+                    *(len({b["auction"] for b in r}) for r in ranked)))
+    return sorted(out)
+
+
+def _q16_rows(out):
+    return sorted(out)
+
+
+# -- q20: bids expanded with their auction (a regular join) ----------------------------------
+
+_Q20_BID = ("auction", "bidder", "price", "channel", "url", "date_time")
+_Q20_AUCTION = ("item_name", "initial_bid", "reserve", "date_time", "expires", "seller",
+                "category")
+
+
+def _q20_row(bid: dict, auction: dict) -> tuple:
+    return tuple(bid[k] for k in _Q20_BID) + tuple(auction[k] for k in _Q20_AUCTION)
+
+
+def _bid_or_auction(e: dict) -> bool:
+    return e["kind"] != "person"
+
+
+def _auction_key(e: dict) -> int:
+    return e["id"] if e["kind"] == "auction" else e["auction"]
+
+
+def _q20_step(state, e):
+    """Per auction id: ``(auction or None, bids that came before it)``. As Flink's regular
+    join without a state TTL, an auction stays in the state for later bids; the bids of an
+    auction of another category are dropped as they come."""
+    auction, early = state or (None, ())
+    if e["kind"] == "auction":
+        if e["category"] != Q20_CATEGORY:
+            return ({"category": e["category"]}, ()), []
+        return (e, ()), [_q20_row(b, e) for b in early]
+    if auction is None:
+        return (None, early + (e,)), []
+    if auction["category"] != Q20_CATEGORY:
+        return state, []
+    return state, [_q20_row(e, auction)]
+
+
+def _q20_build(events, columnar, config):
+    joined = (events.filter("bids-auctions", _bid_or_auction).key_by(_auction_key)
+              .stateful_map("q20-join", _q20_step))
+    return joined.flat_map("q20", _value_of)
+
+
+def _q20_reference(events):
+    auctions = {e["id"]: e for e in events
+                if e["kind"] == "auction" and e["category"] == Q20_CATEGORY}
+    return sorted(_q20_row(e, auctions[e["auction"]]) for e in events
+                  if e["kind"] == "bid" and e["auction"] in auctions)
+
+
+def _q20_rows(out):
+    return sorted(out)
+
+
 QUERIES: dict[str, Query] = {q.name: q for q in (
     Query("q0", "pass-through of the bids", _q0_build, _q0_reference, _q0_rows,
           arrow=_q0_arrow),
@@ -439,7 +668,13 @@ QUERIES: dict[str, Query] = {q.name: q for q in (
           event_time=True),
     Query("q8", "people who opened an auction in the 10 s window they registered in",
           _q8_build, _q8_reference, _q8_rows, event_time=True),
+    Query("q9", "winning bids: each auction's highest bid while it was open", _q9_build,
+          _q9_reference, _q9_rows, event_time=True),
     Query("q11", "bids per bidder and session (10 s gap)", _q11_build, _q11_reference,
           _q11_rows, event_time=True),
+    Query("q16", "per channel and day: bids, bidders and auctions, by price range",
+          _q16_build, _q16_reference, _q16_rows, event_time=True),
+    Query("q20", "bids expanded with their auction, for auctions of category 10", _q20_build,
+          _q20_reference, _q20_rows),
 )}
 

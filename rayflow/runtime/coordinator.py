@@ -153,8 +153,17 @@ class CoordinatorActor:
             return self.history + (self.core.history if self.core else [])
 
     def _loop(self) -> None:
+        from rayflow.checkpoint_store import LEASE_S
+
+        renewed = 0.0
         while self._running:
             time.sleep(self.tick_s)
+            if self.store is not None and time.monotonic() - renewed >= LEASE_S:
+                renewed = time.monotonic()
+                try:
+                    self.store.renew_lease()
+                except Exception:  # noqa: BLE001 - removed after the job finished
+                    pass
             with self.lock:
                 if self.core is not None:
                     self._do(self.core.tick(time.time()))

@@ -24,6 +24,7 @@ from rayflow.dataflow import Dataflow
 from rayflow.errors import START_UP, ConfigError, StepError
 from rayflow.metrics import StepCounters, latency_windows, summarize_latency
 from rayflow.operators.base import Rescaled, StepContext, describe_exception
+from rayflow.operators.watermarks import split_position
 from rayflow.runtime.channel import unwrap
 from rayflow.runtime.plan import chains, make_plan
 
@@ -93,9 +94,10 @@ class Job:
         if resume_from is None:
             return None
         from rayflow.checkpoint import CompletedCheckpoint
-        from rayflow.checkpoint_store import load_checkpoint
+        from rayflow.checkpoint_store import load_checkpoint, wait_until_released
 
         if isinstance(resume_from, (str, os.PathLike)):
+            wait_until_released(os.fspath(resume_from))  # a dying run may still commit one
             resume_from = load_checkpoint(os.fspath(resume_from))
         if not isinstance(resume_from, CompletedCheckpoint):
             raise ConfigError(f"resume_from: expected job.last_checkpoint() or a checkpoint "
@@ -236,7 +238,8 @@ class Job:
                 continue
             keys = sorted({k for k in [*handles_in, *positions] if k[0] == step.step_id})
             try:
-                enum = make(step.parallelism, [positions.get(k, handles_in.get(k)) for k in keys])
+                enum = make(step.parallelism, [split_position(positions.get(k, handles_in.get(k)))[0]
+                                               for k in keys])
             except Exception as exc:  # noqa: BLE001 - e.g. no such directory
                 self._fail_start(StepError(step.step_id, 0, START_UP,
                                            describe_exception(exc)))

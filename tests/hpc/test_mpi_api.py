@@ -6,6 +6,7 @@ functions return what they observed, and the driver compares it with plain Pytho
 
 from __future__ import annotations
 
+import math
 import pickle
 
 import numpy as np
@@ -72,12 +73,21 @@ def _nonblocking():
     if c.rank == 0:
         reqs = [c.isend(i, dest=1, tag=3) for i in range(3)]
         MPI.Request.waitall(reqs)
+        c.send("five", dest=1, tag=5)
+        c.send("four", dest=1, tag=4)
         return None
     if c.rank == 1:
         early = c.irecv(source=0, tag=3)  # posted first: matches the first message
         second = c.recv(source=0, tag=3)
         third = c.irecv(source=0, tag=3).wait()
-        return early.wait(), second, third, early.test()
+        pair = [c.irecv(source=0, tag=4), c.irecv(source=0, tag=5)]
+        while not MPI.Request.Testall(pair):
+            pass
+        idle = c.irecv(source=0, tag=6)  # never sent: Waitany picks the completed one
+        st = MPI.Status()
+        index = MPI.Request.Waitany([idle, pair[1]], st)
+        return (early.wait(), second, third, early.test(), [r.wait() for r in pair], index,
+                st.Get_tag())
     return None
 
 
@@ -109,6 +119,8 @@ def _collectives():
         "bor": c.allreduce(1 << r, op=MPI.BOR),
         "maxloc": c.allreduce(([3, 7, 7, 1][r], r), op=MPI.MAXLOC),
         "minloc": c.allreduce(([3, 1, 5, 1][r], r), op=MPI.MINLOC),
+        "scan": c.scan(r + 1),
+        "exscan": c.exscan(r + 1, op=MPI.PROD),
     }
     c.barrier()
     return out
@@ -254,7 +266,7 @@ def test_any_source_and_status(gang):
 
 
 def test_posted_irecv_matches_first(gang):
-    assert run(gang, _nonblocking)[1] == (0, 1, 2, (True, 0))
+    assert run(gang, _nonblocking)[1] == (0, 1, 2, (True, 0), ["four", "five"], 1, 5)
 
 
 def test_proc_null_and_sendrecv(gang):
@@ -276,6 +288,8 @@ def test_lowercase_collectives_match_python(gang):
         assert v["land"] is False and v["lor"] is True
         assert v["band"] == 0 and v["bor"] == 0b1111
         assert v["maxloc"] == (7, 1) and v["minloc"] == (1, 1)
+        assert v["scan"] == sum(range(1, r + 2))
+        assert v["exscan"] == (None if r == 0 else math.prod(range(1, r + 1)))
 
 
 def test_buffer_methods_match_numpy(gang):
@@ -449,3 +463,60 @@ def test_operations_on_python_objects_follow_mpi4py():
     assert MPI.MAXLOC((3, 0), (7, 1)) == (7, 1)
     assert MPI.LAND(2, 3) is True and MPI.LOR(0, 5) is True
     assert MPI.SUM(2**70, 1) == 2**70 + 1
+
+
+def _prints_then_waits(marker):
+    import os
+    import time
+
+    c = MPI.COMM_WORLD
+    if c.rank == 0:
+        print("first", flush=True)
+        return c.recv(source=1)
+    if c.rank == 1:
+        deadline = time.monotonic() + 120
+        while not os.path.exists(marker):  # the caller wrote it on reading rank 0's line
+            if time.monotonic() > deadline:
+                return "rank 0's line never reached the caller while the run went on"
+            time.sleep(0.05)
+        c.send("seen", dest=0)
+    return None
+
+
+class _Watch:
+    """A stream that drops ``marker`` once it has received rank 0's first line."""
+
+    def __init__(self, marker):
+        self.marker, self.lines = marker, []
+
+    def write(self, text):
+        self.lines += text.splitlines()
+        if "[0] first" in self.lines:
+            open(self.marker, "w").close()
+
+    def flush(self):
+        pass
+
+
+def test_output_is_forwarded_while_the_run_goes_on(gang, tmp_path):
+    import functools
+
+    from rayflow.hpc import run_mpi
+
+    marker = str(tmp_path / "seen")
+    watch = _Watch(marker)
+    res = run_mpi(functools.partial(_prints_then_waits, marker), 4, gang=gang, stdout=watch)
+    assert [r.value for r in res.ranks][:2] == ["seen", None]
+    assert watch.lines == ["[0] first"] and res.ranks[0].stdout == "first\n"
+
+
+def test_the_module_imports_no_ray():
+    import subprocess
+    import sys
+
+    code = ("import sys; from rayflow.hpc import MPI; import rayflow.hpc.mpirun; "
+            "print('ray' in sys.modules, MPI.COMM_WORLD.Get_size())")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["False", "1"]

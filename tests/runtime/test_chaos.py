@@ -200,6 +200,7 @@ def test_coordinator_killed_and_recovered_without_anyone_waiting(ray_session, ka
     assert job.actors() == []  # nothing left running
 
 
+@pytest.mark.slow
 def test_two_kills_the_second_during_recovery(ray_session, kafka_broker, chaos_input,
                                               expected):
     job, got, killed = _trial(kafka_broker.bootstrap, chaos_input, "exactly_once", 2, 11, 2,
@@ -208,6 +209,7 @@ def test_two_kills_the_second_during_recovery(ray_session, kafka_broker, chaos_i
     _check("exactly_once", got, expected, f"killed {killed}")
 
 
+@pytest.mark.slow
 def test_at_most_once_stateful_repeats_no_record(ray_session, kafka_broker, chaos_input):
     """The windows collect the ids of their records: after a kill no id appears twice."""
     import ray

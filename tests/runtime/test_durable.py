@@ -72,6 +72,22 @@ def topic_in(kafka_broker):
     return topic
 
 
+def _headers_of(bs, topic, which):
+    """Offsets and epoch headers of the records ``which`` names (for a failure message)."""
+    from kafka import KafkaConsumer, TopicPartition
+
+    c = KafkaConsumer(bootstrap_servers=bs, isolation_level="read_committed",
+                      auto_offset_reset="earliest", enable_auto_commit=False)
+    tp = TopicPartition(topic, 0)
+    c.assign([tp])
+    out = []
+    for _ in range(10):
+        for recs in c.poll(500).values():
+            out += [(r.offset, r.headers) for r in recs if tuple(json.loads(r.value)) in which]
+    c.close()
+    return out
+
+
 def _got(bs, topic):
     return Counter(tuple(json.loads(v)) for v in read_values(bs, topic, "read_committed"))
 
@@ -114,7 +130,8 @@ def test_a_killed_driver_is_resumed_exactly_once_from_the_directory(
                  stream={"batch_size": 20})
     assert job.status() == "FINISHED"
     got = _got(bs, out)
-    assert got == _expected(N), ("extra", got - _expected(N), "missing", _expected(N) - got)
+    assert got == _expected(N), ("extra", got - _expected(N), "missing", _expected(N) - got,
+                                 _headers_of(bs, out, got - _expected(N)), chk.checkpoint_id)
 
 
 def test_resume_uses_the_checkpoints_backend_and_refuses_another_guarantee(
