@@ -310,7 +310,7 @@ class _KafkaReader(SourceReader):
 
 class _ReadBack:
     """Reading a topic back (an exactly-once sink's restore), over a consumer adapter's
-    ``partitions``, ``watermarks``, ``assign`` and its ``_headers``/``_position``."""
+    ``partitions``, ``watermarks``, ``assign_tps`` and its ``_headers``/``_position``."""
 
     def end_offsets(self, topic) -> dict[int, int]:
         parts = self.partitions(topic)
@@ -325,7 +325,7 @@ class _ReadBack:
         if not start:
             return []
         target = _high_watermarks(self, topic, start)
-        self.assign(topic, start)
+        self.assign_tps({(topic, p): off for p, off in start.items()})
         out: list[bytes] = []
         idle, deadline = 0, time.monotonic() + timeout_s
         while time.monotonic() < deadline:
@@ -373,31 +373,6 @@ class _KPConsumer(_ReadBack):
         from kafka import TopicPartition
 
         return {p: self.consumer.committed(TopicPartition(topic, p)) for p in parts}
-
-    def assign(self, topic, offsets):
-        from kafka import TopicPartition
-
-        tps = {p: TopicPartition(topic, p) for p in offsets}
-        self.consumer.assign(list(tps.values()))
-        for p, off in offsets.items():
-            self.consumer.seek(tps[p], off)
-
-    def poll(self, max_records, timeout_s):
-        got = self.consumer.poll(timeout_ms=int(timeout_s * 1000), max_records=max_records)
-        values: list = []
-        stamps: list = []
-        last: dict[int, int] = {}
-        for tp, recs in got.items():
-            values.extend([r.value for r in recs])
-            stamps.extend([r.timestamp for r in recs])
-            last[tp.partition] = recs[-1].offset
-        self._got = got
-        return values, stamps, last
-
-    def positions(self) -> list[tuple[int, int]]:
-        """(partition, offset) of each record of the last poll, in order (built on demand:
-        most polls never need them)."""
-        return [(tp.partition, r.offset) for tp, recs in self._got.items() for r in recs]
 
     def _headers(self, key: str) -> list[bytes] | None:
         """One poll: the values of header ``key`` (None when the poll returned nothing)."""
@@ -490,26 +465,6 @@ class _ConfluentConsumer(_ReadBack):
 
         got = self.consumer.committed([TopicPartition(topic, p) for p in parts], timeout=10)
         return {tp.partition: (tp.offset if tp.offset >= 0 else None) for tp in got}
-
-    def assign(self, topic, offsets):
-        from confluent_kafka import TopicPartition
-
-        self.consumer.assign([TopicPartition(topic, p, o) for p, o in offsets.items()])
-
-    def poll(self, max_records, timeout_s):
-        msgs = self.consumer.consume(num_messages=max_records, timeout=timeout_s)
-        values, stamps, last = [], [], {}
-        for m in msgs:
-            if m.error():
-                raise RuntimeError(f"Kafka consume error: {m.error()}")
-            values.append(m.value())
-            stamps.append(m.timestamp()[1])
-            last[m.partition()] = m.offset()
-        self._msgs = msgs
-        return values, stamps, last
-
-    def positions(self) -> list[tuple[int, int]]:
-        return [(m.partition(), m.offset()) for m in self._msgs]
 
     def _headers(self, key: str) -> list[bytes] | None:
         msgs = self.consumer.consume(num_messages=100_000, timeout=0.3)

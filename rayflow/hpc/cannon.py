@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from rayflow.hpc.cannon_index import grid_side, skew_a_source, skew_b_source
-from rayflow.hpc.dataset import BlockDataset
+from rayflow.hpc.dataset import BlockDataset, dense_matrix
 from rayflow.hpc.stage import mpimap
 
 
@@ -67,15 +67,7 @@ def _as_matrix(x: Any, what: str) -> np.ndarray:
     if hasattr(x, "tocsr"):
         raise ValueError(f"{what} is a scipy.sparse matrix; Cannon multiplies dense blocks "
                          "(pass .toarray())")
-    try:
-        arr = np.asarray(x)
-    except ValueError as err:  # ragged lists
-        raise ValueError(f"{what} is not a matrix: {err}") from None
-    if arr.ndim != 2:
-        raise ValueError(f"{what} must be a 2-D matrix, got shape {arr.shape}")
-    if arr.dtype.kind not in "biufc":
-        raise ValueError(f"{what} must hold numbers, got dtype {arr.dtype}")
-    return arr
+    return dense_matrix(x, what)
 
 
 def _as_grid(x: Any, p: int, what: str) -> BlockDataset:

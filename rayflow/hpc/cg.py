@@ -33,7 +33,7 @@ import numpy as np
 import ray
 
 from rayflow.hpc.cg_math import CGState, conjugate_gradient
-from rayflow.hpc.dataset import BlockDataset
+from rayflow.hpc.dataset import BlockDataset, dense_matrix
 from rayflow.hpc.stage import StageInfo, mpimap
 
 # Complete checkpoints kept; older ones are dropped. More than one, so a late save from a
@@ -170,15 +170,7 @@ def _as_matrix(a: Any, what: str) -> Any:
     """``a`` as a 2-D numpy array or CSR matrix, or a ValueError naming its shape."""
     if hasattr(a, "tocsr") and getattr(a, "ndim", 2) == 2:  # scipy.sparse, any format
         return a.tocsr()
-    try:
-        arr = np.asarray(a)
-    except ValueError as err:  # ragged lists
-        raise ValueError(f"{what} is not a matrix: {err}") from None
-    if arr.ndim != 2:
-        raise ValueError(f"{what} must be a 2-D matrix, got shape {arr.shape}")
-    if arr.dtype.kind not in "biufc":
-        raise ValueError(f"{what} must hold numbers, got dtype {arr.dtype}")
-    return arr
+    return dense_matrix(a, what)
 
 
 def _row_blocks(x: Any, p: int, what: str) -> BlockDataset:

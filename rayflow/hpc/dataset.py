@@ -72,6 +72,20 @@ def _remote_block_task():
     return _remote_make_block
 
 
+def dense_matrix(x: Any, what: str) -> np.ndarray:
+    """``x`` (an array or nested lists) as a 2-D numeric numpy array, or a ValueError that
+    names ``what`` and its shape."""
+    try:
+        arr = np.asarray(x)
+    except ValueError as err:  # ragged lists
+        raise ValueError(f"{what} is not a matrix: {err}") from None
+    if arr.ndim != 2:
+        raise ValueError(f"{what} must be a 2-D matrix, got shape {arr.shape}")
+    if arr.dtype.kind not in "biufc":
+        raise ValueError(f"{what} must hold numbers, got dtype {arr.dtype}")
+    return arr
+
+
 @dataclass(frozen=True)
 class BlockDataset:
     """A grid of blocks in the object store.

@@ -46,15 +46,21 @@ class _MapLogic(_ItemLogic):
 
 
 class _FilterLogic(_ItemLogic):
-    def process(self, items, event_times):
+    def _predicate(self, items, event_times):
+        """The records that did not fail, their event times, the predicate's answer for each
+        (a bool mask) and the dead letters of those that failed."""
         records = rows(items)
         keep, failed, dead = self._apply(records)
         if failed:
             bad = set(failed)
             records = [r for i, r in enumerate(records) if i not in bad]
             event_times = drop_positions(event_times, failed)
-        mask = np.fromiter(map(bool, keep), dtype=bool, count=len(keep))
-        out = [r for r, k in zip(records, keep) if k]
+        return records, event_times, np.fromiter(map(bool, keep), dtype=bool,
+                                                 count=len(keep)), dead
+
+    def process(self, items, event_times):
+        records, event_times, mask, dead = self._predicate(items, event_times)
+        out = [r for r, k in zip(records, mask) if k]
         return Output(out, None if event_times is None else event_times[mask], dead)
 
 
@@ -157,17 +163,11 @@ class Union(OperatorSpec):
         return _UnionLogic(ctx)
 
 
-class _BranchLogic(_ItemLogic):
+class _BranchLogic(_FilterLogic):
     def process(self, items, event_times):
-        records = rows(items)
-        keep, failed, dead = self._apply(records)
-        if failed:
-            bad = set(failed)
-            records = [r for i, r in enumerate(records) if i not in bad]
-            event_times = drop_positions(event_times, failed)
-        mask = np.fromiter(map(bool, keep), dtype=bool, count=len(keep))
-        yes = [r for r, k in zip(records, keep) if k]
-        no = [r for r, k in zip(records, keep) if not k]
+        records, event_times, mask, dead = self._predicate(items, event_times)
+        yes = [r for r, k in zip(records, mask) if k]
+        no = [r for r, k in zip(records, mask) if not k]
         times = (None, None) if event_times is None else (event_times[mask],
                                                           event_times[~mask])
         side = {BRANCH_REST: (no, times[1])} if no else {}
