@@ -28,7 +28,6 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "jobs"))
 
 import multiprocessing as mp  # noqa: E402
 
@@ -36,15 +35,11 @@ import click  # noqa: E402
 import cv2  # noqa: E402
 import numpy as np  # noqa: E402
 from _common import RESULTS_DIR, print_table, ratio, write_result  # noqa: E402
-from image_blur import tuned_env  # noqa: E402
+from report.published import W1_IMAGES as PUBLISHED  # noqa: E402
+
+from rayflow.examples.image_blur import tuned_env  # noqa: E402
 
 SIZES = [50, 100, 200, 400, 600, 800, 1000, 1200]
-# Tables 2 and 3 of the study (after tuning): memory MB and throughput images/s
-PUBLISHED = {
-    50: (220, 165, 1002, 1186), 100: (250, 166, 730, 611), 200: (284, 166, 202, 210),
-    400: (310, 166, 108, 42.3), 600: (320, 169, 49.6, 23.6), 800: (400, 170, 32.5, 14.5),
-    1000: (460, 178, 24, 9.51), 1200: (580, 200, 14.4, 5.91),
-}
 CONFIGS = {
     # parallelism 1 per step, two chains: read + decode | blur + encode (two cores overlap)
     "p1": {"readers": 1, "blur_parallelism": 1, "writers": 1, "split": True},
@@ -52,8 +47,9 @@ CONFIGS = {
     # both cores: two chains of read + decode + blur + encode, no image crosses an actor
     "both": {"readers": 2, "blur_parallelism": 2, "writers": 2},
 }
-# the job's malloc settings for each shape: SPLIT_ENV where images cross actors (p1, blur2),
-# WHOLE_ENV where each chain runs the whole pipeline (both); see jobs/image_blur.py
+# the job's malloc settings for each shape, from the configured process profiles:
+# split_pipeline where images cross actors (p1, blur2), whole_pipeline where each chain runs
+# the whole pipeline (both); see tuned_profile in rayflow/examples/image_blur.py
 for _cfg in CONFIGS.values():
     _cfg["actor_env"] = tuned_env(**_cfg)
 
@@ -104,8 +100,7 @@ def ceiling(step_ms: dict, cfg: dict, cores: int) -> float:
     """Images/s the measured per-step times allow: each actor is one thread running a chain
     of steps, so a chain at parallelism p does at most p / (sum of its steps' times)
     images/s, and all steps share ``cores`` cores."""
-    from image_blur import build_flow
-
+    from rayflow.examples.image_blur import build_flow
     from rayflow.runtime.plan import chains
 
     flow = build_flow("unused", **cfg)
@@ -135,7 +130,7 @@ def run_size(side: int, n: int, workdir: Path, configs: list[str], memory_count:
              memory_runs: int) -> dict:
     from concurrent.futures import ProcessPoolExecutor
 
-    from image_blur import run_w1
+    from rayflow.examples.image_blur import run_w1
 
     d = workdir / f"s{side}"
     # images and loops in a helper process: the driver, whose growth the memory probe counts
@@ -216,10 +211,9 @@ def plot(rows: list[dict], configs: list[str], path: Path) -> None:
 @click.option("--memory-runs", type=int, default=3, show_default=True,
               help="Memory runs per configuration and size; the median peak is reported.")
 def main(quick, count, sizes, configs, memory_count, memory_runs):
-    from image_blur import LOCAL_RAY, run_w1
-
     from rayflow._raycontext import ensure_ray
     from rayflow.connectors.images import write_image_set
+    from rayflow.examples.image_blur import LOCAL_RAY, run_w1
 
     n = count or (100 if quick else 1000)
     sides = [int(s) for s in sizes.split(",")] if sizes else ([50, 400, 1200] if quick else SIZES)

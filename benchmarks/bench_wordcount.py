@@ -22,15 +22,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import click  # noqa: E402
 from _common import print_table, ratio, write_result  # noqa: E402
+from report.published import W4_WORDCOUNT as PUBLISHED  # noqa: E402
 
 import rayflow as rf  # noqa: E402
 from rayflow._raycontext import ensure_ray  # noqa: E402
 from rayflow.connectors.kafka import create_topic, produce  # noqa: E402
-from rayflow.examples.wordcount import build_flow, parse, sentences
-
-PUBLISHED = {"storm_rec_s": 12_000, "flink_rec_s": 43_000,
-             "flink_eos_vs_alo_slowdown": 0.063, "storm_amo_vs_alo_speedup": 0.168,
-             "flink_rocksdb_vs_memory": 0.1}
+from rayflow.examples.wordcount import build_flow, parse, sentences  # noqa: E402
 
 
 def plain_loop(records: list[bytes]) -> float:

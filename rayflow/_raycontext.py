@@ -28,7 +28,11 @@ def ensure_ray(address: str | None = None, num_cpus: int | None = None, **kwargs
             private local instance with ``address="local"``, never attaching to another
             cluster on the machine by accident.
         num_cpus: logical CPUs of the local instance (ignored when connecting).
-        **kwargs: passed to ``ray.init`` (e.g. ``include_dashboard``, ``namespace``).
+        **kwargs: passed to ``ray.init`` (e.g. ``include_dashboard``, ``namespace``), except
+            ``process_profile``: the named profile (``ray.process_profiles``) whose
+            environment every worker process of the job gets, through the job's runtime env,
+            locally and on a cluster alike (default: the configured ``ray.process_profile``);
+            variables given in ``runtime_env`` win over it.
     """
     import ray
 
@@ -36,24 +40,21 @@ def ensure_ray(address: str | None = None, num_cpus: int | None = None, **kwargs
         return ray
     kwargs.setdefault("log_to_driver", True)
     kwargs.setdefault("ignore_reinit_error", True)
+    from rayflow.config import load_config
+
+    # the job's runtime env: the process profile's variables, under those the caller gives
+    profile = load_config().ray.process_env(kwargs.pop("process_profile", None))
+    runtime_env = dict(kwargs.pop("runtime_env", None) or {})
+    env_vars = {**profile, **runtime_env.get("env_vars", {})}
     if address is None:
         if "include_dashboard" not in kwargs:  # e.g. RAYFLOW_RAY__INCLUDE_DASHBOARD=1
-            from rayflow.config import load_config
-
             kwargs["include_dashboard"] = load_config().ray.include_dashboard
         # Workers of the local instance run on this machine: give them the driver's import
         # path, so functions from a script's sibling modules (not installed) unpickle there.
-        runtime_env = dict(kwargs.pop("runtime_env", None) or {})
-        env_vars = dict(runtime_env.get("env_vars", {}))
         paths = [p for p in sys.path if p and os.path.isdir(p)]
         if os.environ.get("PYTHONPATH"):
             paths.append(os.environ["PYTHONPATH"])
         env_vars.setdefault("PYTHONPATH", os.pathsep.join(paths))
-        # glibc's adaptive mmap threshold lets a worker's heap keep freed large buffers
-        # (images, batches): +120-180 MB per actor at 1200 px images. Fixed thresholds
-        # return them to the OS (measured by the W1 benchmark).
-        env_vars.setdefault("MALLOC_MMAP_THRESHOLD_", "262144")
-        env_vars.setdefault("MALLOC_TRIM_THRESHOLD_", "1048576")
         runtime_env["env_vars"] = env_vars
         # free dead objects every 100 ms instead of every second: with large batches in
         # flight the store otherwise holds several windows' worth of garbage
@@ -65,7 +66,9 @@ def ensure_ray(address: str | None = None, num_cpus: int | None = None, **kwargs
         _embedded_gcs = ray.get_runtime_context().gcs_address
     else:
         kwargs.pop("include_dashboard", None)
-        ray.init(address=address, **kwargs)
+        if env_vars:  # Ray merges them with a submitted job's own runtime env
+            runtime_env["env_vars"] = env_vars
+        ray.init(address=address, runtime_env=runtime_env or None, **kwargs)
     return ray
 
 
@@ -113,7 +116,8 @@ def dashboard_url() -> str | None:
     if not ray.is_initialized():
         return None
     try:
-        url = ray._private.worker._global_node.webui_url
+        node = ray._private.worker._global_node
+        url = node.webui_url if node is not None else None
     except Exception:  # noqa: BLE001 - a private attribute: absent in another Ray
         return None
     if not url:

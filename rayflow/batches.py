@@ -222,12 +222,13 @@ def partition_indices(
             (stable_hash(key_fn(x)) % n for x in records), dtype=np.int64, count=len(records)
         )
     else:
-        keys = key_fn(items)  # numpy: the key function takes the whole batch
-        keys = np.asarray(keys)
-        if keys.dtype.kind in "iu":
-            targets = (keys.astype(np.int64) & 0x7FFFFFFF) % n
+        # numpy: the key function takes the whole batch
+        batch_keys = np.asarray(key_fn(items))
+        if batch_keys.dtype.kind in "iu":
+            targets = (batch_keys.astype(np.int64) & 0x7FFFFFFF) % n
         else:
-            targets = np.fromiter((stable_hash(k) % n for k in keys.tolist()), dtype=np.int64)
+            targets = np.fromiter((stable_hash(k) % n for k in batch_keys.tolist()),
+                                  dtype=np.int64)
     order = np.argsort(targets, kind="stable")
     bounds = np.searchsorted(targets[order], np.arange(n + 1))
     return [order[bounds[i] : bounds[i + 1]] for i in range(n)]

@@ -200,6 +200,16 @@ class Coordinator:
             return [self._abort(now, "failure")]
         return []
 
+    def restart(self, tasks: set[Task], now: float) -> list:
+        """``tasks`` (a failover region) restart from ``latest``; the other tasks go on.
+        What is in flight aborts: it waits for acks the restarted tasks will not send. The
+        restarted tasks count as running again until they report their end anew."""
+        acts = self.failure(now)
+        for task in tasks:
+            self.finished.pop(task, None)
+            self.drained.discard(task)
+        return acts
+
     def _maybe_complete(self, now: float) -> list:
         p = self.pending
         if p is None or set(p.acks) != self.tasks:

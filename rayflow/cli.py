@@ -4,11 +4,13 @@
     rayflow kafka up | status | down
     rayflow run jobs/identity.py --records 10000
     rayflow bench identity --quick
-    rayflow cluster validate cluster/aws.yaml | up-local | down-local
+    rayflow cluster validate cluster/aws.yaml (or cluster/k8s/) | up-local | down-local
     rayflow submit --address http://head:8265 -- python jobs/identity.py --address auto
     rayflow config defaults | show
+    rayflow dashboard -o rayflow.json  # the Grafana dashboard of rayflow's metrics
 
-``python -m rayflow`` runs the same command.
+``python -m rayflow`` runs the same command. One module of thin commands (each a few
+lines over the library) keeps the whole command line readable in one place.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -153,6 +156,35 @@ def script_env(address: str | None, environ: dict[str, str] | None = None) -> di
     return env
 
 
+def checkout_report(root: Path) -> Any:
+    """The benchmark report package of the checkout at ``root`` (``benchmarks/report/``): a tool
+    of the repository, not of the installed library.
+
+    Raises:
+        RayflowError: ``root`` is not a rayflow checkout.
+    """
+    import importlib.util
+
+    init = root / "benchmarks" / "report" / "__init__.py"
+    if not init.is_file():
+        raise RayflowError(f"`rayflow report` runs the report of a rayflow checkout "
+                           f"(benchmarks/report/), and {root} is not one: run it from the "
+                           "checkout's root")
+    name = "_checkout_report"  # a top-level name: no parent package to import first
+    loaded = sys.modules.get(name)
+    if loaded is not None and Path(loaded.__file__ or "").resolve() == init.resolve():
+        return loaded
+    spec = importlib.util.spec_from_file_location(
+        name, init, submodule_search_locations=[str(init.parent)])
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    for key in [k for k in sys.modules if k == name or k.startswith(name + ".")]:
+        del sys.modules[key]  # another checkout's report
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
 @main.command()
 @click.argument("name")
 @click.option("--quick", is_flag=True, help="Small sizes, for a check in CI.")
@@ -236,14 +268,19 @@ def cluster() -> None:
 
 
 @cluster.command("validate")
-@click.argument("file", type=click.Path(dir_okay=False))
+@click.argument("file", type=click.Path())
 @click.option("--rank-cpus", type=float, default=None,
               help="CPUs one gang rank asks for (default: hpc.rank_num_cpus).")
 @click.option("--json", "as_json", is_flag=True, help="Print machine-readable output.")
 def cluster_validate(file: str, rank_cpus: float | None, as_json: bool) -> None:
-    """Validate a Ray cluster-launcher YAML offline: Ray's schema and rayflow's rules."""
+    """Validate a cluster spec offline: a Ray cluster-launcher YAML (Ray's schema and
+    rayflow's rules), or KubeRay manifests, a file or a directory of them such as
+    cluster/k8s/ (KubeRay's CRD schemas and rayflow's rules)."""
     from rayflow.deploy.spec import ClusterSpecError, validate_file
 
+    if Path(file).is_dir() or _is_manifest(file):
+        _validate_manifests(file, as_json)
+        return
     try:
         report = validate_file(file, rank_cpus)
     except ClusterSpecError as exc:
@@ -263,6 +300,55 @@ def cluster_validate(file: str, rank_cpus: float | None, as_json: bool) -> None:
         click.secho(f"warning: {w.path}: {w.message}", fg="yellow", err=True)
 
 
+def _is_manifest(file: str) -> bool:
+    from rayflow.deploy.k8s import is_manifest
+
+    try:
+        return is_manifest(Path(file).read_text())
+    except OSError:
+        return False  # the cluster-spec path reports it
+
+
+def _validate_manifests(path: str, as_json: bool) -> None:
+    from rayflow.deploy.k8s import ManifestError, validate_manifest_dir, validate_manifest_file
+
+    try:
+        reports = (validate_manifest_dir(path) if Path(path).is_dir()
+                   else [validate_manifest_file(path)])
+    except ManifestError as exc:
+        if as_json:
+            click.echo(json.dumps({"file": exc.file, "valid": False, "document": exc.doc,
+                                   "path": exc.path, "line": exc.line, "error": exc.message},
+                                  indent=2))
+            sys.exit(1)
+        raise
+    if as_json:
+        click.echo(json.dumps([r.as_dict() for r in reports], indent=2))
+        return
+    for r in reports:
+        what = "; ".join(f"{x.kind} {x.name}" for x in r.resources)
+        click.echo(f"{r.file}: valid ({what}; {r.schema})")
+
+
+@main.command()
+@click.option("-o", "--output", "out_file", type=click.Path(dir_okay=False, path_type=Path),
+              default=None, help="Write the dashboard to this file instead of printing it.")
+def dashboard(out_file: Path | None) -> None:
+    """Print (or write) the Grafana dashboard of rayflow's metrics.
+
+    Import it in Grafana (Dashboards > New > Import) over the Prometheus that scrapes
+    Ray's metrics (ray_rayflow_* series). See docs/operations.md.
+    """
+    from importlib import resources
+
+    text = resources.files("rayflow").joinpath("dashboards").joinpath("rayflow.json").read_text()
+    if out_file is None:
+        click.echo(text, nl=False)
+        return
+    out_file.write_text(text)
+    click.echo(f"wrote {out_file}", err=True)
+
+
 @cluster.command("up-local")
 @click.option("--num-cpus", default=2, show_default=True, help="Logical CPUs of the head.")
 @click.option("--autoscale", "autoscale", type=click.Path(dir_okay=False), default=None,
@@ -275,7 +361,8 @@ def cluster_up_local(num_cpus: int, autoscale: str | None, as_json: bool) -> Non
     """
     from rayflow.deploy import local
 
-    if local.recorded_head() and local.head_processes(local.recorded_head()):
+    recorded = local.recorded_head()
+    if recorded and local.head_processes(recorded):
         raise RayflowError("a local head is already up; run `rayflow cluster down-local`")
     if autoscale:
         from rayflow.deploy.spec import validate_file
@@ -422,10 +509,10 @@ def read_runtime_env(path: str | None, as_json: str | None) -> dict:
               type=click.Path(file_okay=False, path_type=Path),
               help="Directory for the PNG plots (default: RESULTS/plots).")
 def report(results_dir: Path, out_file: Path, plots_dir: Path | None) -> None:
-    """Gather benchmark results (W1-W6 and more) into BENCHMARKS.md with plots: our figures,
-    same-run baselines, published figures, ratios, machine, date and targets met or missed."""
-    from rayflow.report import generate
-
+    """Gather benchmark results (W1-W7 and more) into BENCHMARKS.md with plots: our figures,
+    same-run baselines, published figures, ratios, machine, date and targets met or missed.
+    Runs the report of the rayflow checkout in the current directory (benchmarks/report/)."""
+    generate = checkout_report(Path.cwd()).generate
     if not results_dir.is_dir():
         raise RayflowError(f"no results directory {results_dir}: run `rayflow bench <name>` "
                            "first, or pass --results DIR")

@@ -1,4 +1,5 @@
-"""One frozen configuration tree for rayflow.
+"""One frozen configuration tree for rayflow (one module: the tree, its layers and the
+defaults file rendered from it are read together).
 
 Values come, lowest priority first, from
 
@@ -29,7 +30,14 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import BaseSettings, EnvSettingsSource, SettingsConfigDict
 
 from rayflow.errors import ConfigError
@@ -39,6 +47,26 @@ ENV_PREFIX = "RAYFLOW_"
 DEFAULTS_PATH = Path(__file__).with_name("defaults.yaml")
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
+
+_MIB = 1 << 20
+# The built-in process profiles (ray.process_profiles): environments of worker processes.
+# glibc malloc, measured by the W1 image benchmark (docs/images.md): glibc's adaptive mmap
+# threshold lets a worker's heap keep freed large buffers (+120-180 MB per actor at 1200 px);
+# a fixed 32 MiB threshold serves them from the heap (a 256 KiB one made every image a fresh
+# mmap, 15% slower), a 4 MiB trim threshold gives freed ones back to the OS, and two arenas
+# stop the control threads from keeping heaps of their own.
+_MALLOC = {"MALLOC_MMAP_THRESHOLD_": str(32 * _MIB), "MALLOC_TRIM_THRESHOLD_": str(4 * _MIB),
+           "MALLOC_ARENA_MAX": "2"}
+PROCESS_PROFILES: dict[str, dict[str, str]] = {
+    "default": _MALLOC,
+    # large buffers cross actors (a split pipeline): mmap from 1 MiB, so that a freed buffer
+    # goes back to the OS at once (W1 at 1200 px: job USS 221 MB against 263-404 MB)
+    "split_pipeline": {**_MALLOC, "MALLOC_MMAP_THRESHOLD_": str(_MIB)},
+    # each chain runs the whole pipeline: keep up to 64 MiB of freed heap, which the next
+    # image allocates again (W1 at 1200 px: 1.87x the loop against 1.73-1.78x; more memory)
+    "whole_pipeline": {**_MALLOC, "MALLOC_TRIM_THRESHOLD_": str(64 * _MIB)},
+    "glibc": {},  # glibc's own adaptive settings
+}
 
 
 class RayOptions(BaseModel):
@@ -57,6 +85,41 @@ class RayOptions(BaseModel):
     namespace: str = Field(
         "rayflow", description="Ray namespace of the driver when rayflow starts or connects "
         "to Ray (named actors live in it)")
+    process_profile: str = Field(
+        "default", description="the named profile (process_profiles) every worker process of "
+        "the job starts with: set in the job's runtime env when rayflow starts or connects to "
+        "Ray, locally and on a cluster; a step's actor_env goes on top")
+    process_profiles: dict[str, dict[str, str]] = Field(
+        default_factory=lambda: {k: dict(v) for k, v in PROCESS_PROFILES.items()},
+        description="named environments of worker processes (by default glibc malloc "
+        "settings, measured by the image benchmark: docs/images.md); profiles given in a file "
+        "or variable are added to these")
+
+    @field_validator("process_profiles", mode="before")
+    @classmethod
+    def _add_to_built_in_profiles(cls, value: Any) -> Any:
+        if isinstance(value, Mapping):
+            return {**PROCESS_PROFILES, **value}
+        return value
+
+    @model_validator(mode="after")
+    def _known_profile(self) -> RayOptions:
+        if self.process_profile not in self.process_profiles:
+            raise ValueError(f"process_profile {self.process_profile!r} is not one of the "
+                             f"process_profiles: {sorted(self.process_profiles)}")
+        return self
+
+    def process_env(self, profile: str | None = None) -> dict[str, str]:
+        """The environment variables of ``profile`` (default: the job's ``process_profile``).
+
+        Raises:
+            ConfigError: no such profile.
+        """
+        name = self.process_profile if profile is None else profile
+        if name not in self.process_profiles:
+            raise ConfigError(f"ray.process_profiles has no profile {name!r}; known: "
+                              f"{sorted(self.process_profiles)}")
+        return dict(self.process_profiles[name])
 
 
 class KafkaOptions(BaseModel):
@@ -105,6 +168,10 @@ class StreamOptions(BaseModel):
     channel_calls: int = Field(16, gt=0,
                                description="batches in flight per channel before the sender "
                                "waits")
+    channel_target_s: float = Field(
+        0.25, ge=0, description="seconds of work a channel may queue at its receiver: fewer "
+        "batches fly when each takes long (as Flink's buffer debloating), so barriers wait "
+        "less and checkpoints stay short; 0 keeps channel_calls always")
     on_error: Literal["raise", "dead_letter"] = Field(
         "raise", description="a record that makes user code raise fails the job (raise) or "
         "becomes a dead letter (dead_letter); per step: on_error=")
@@ -142,6 +209,7 @@ class StepOnlyOptions(BaseModel):
 # The stream settings a step may override; the rest (chaining, on_error) are job-wide or
 # have their own parameter.
 STEP_STREAM_OPTIONS = ("batch_size", "linger_ms", "channel_bytes", "channel_calls",
+                       "channel_target_s",
                        "latency_sample_every", "actor_num_cpus", "scheduling_strategy")
 STEP_OPTIONS = STEP_STREAM_OPTIONS + tuple(StepOnlyOptions.model_fields)
 
@@ -164,6 +232,9 @@ class CheckpointOptions(BaseModel):
         "rocksdb one (null: a temporary directory); on a cluster, storage every node sees")
     max_restarts: int = Field(3, ge=0, description="recoveries from Ray failures before the "
                               "job fails")
+    failover_strategy: Literal["region", "full"] = Field(
+        "region", description="what a failure restarts: the failed region only, the instances "
+        "that exchange records with the failed ones (region), or every instance (full)")
     tick_s: float = Field(0.2, gt=0, description="seconds between the timer ticks an idle "
                           "source sends (they close processing-time windows)")
 
@@ -436,6 +507,7 @@ def render_defaults() -> str:
     out = [_HEADER]
     for section, sfield in RayflowConfig.model_fields.items():
         model = sfield.annotation
+        assert isinstance(model, type) and issubclass(model, BaseModel), section
         out.append("")
         out.extend(f"# {ln}" for ln in _wrap(_first_paragraph(model.__doc__), 88))
         out.append(f"{section}:")

@@ -157,7 +157,8 @@ class Stream:
         self._partitioning, self._key_fn, self._port = partitioning, key_fn, port
 
     def _then(
-        self, step_id: str, kind: str, spec: Any, parallelism: int | None,
+        self, step_id: str, kind: Literal["source", "operator", "sink"], spec: Any,
+        parallelism: int | None,
         on_error: OnError | None, options: dict,
     ) -> Stream:
         if parallelism is None:
@@ -232,8 +233,10 @@ class Stream:
                                   f"call key_by(...) on the {side} one")
         return edges
 
-    def join(self, step_id: str, right: Stream, window: Any, how: str = "inner", *,
-             clock: Any = None, parallelism: int | None = None, **options: Any) -> Stream:
+    def join(self, step_id: str, right: Stream, window: Any,
+             how: Literal["inner", "left", "outer"] = "inner", *,
+             clock: Any = None, ttl_s: float | None = None, parallelism: int | None = None,
+             **options: Any) -> Stream:
         """Window join: pair this stream's records with ``right``'s of the same key in the
         same window (tumbling, sliding or session); emits ``(key, left, right)``. ``how``:
         ``inner``, ``left`` (unmatched left records as ``(key, left, None)``) or ``outer``
@@ -253,15 +256,17 @@ class Stream:
         edges = self._keyed_pair(step_id, "join", right)
         _check_clock(step_id, clock)
         try:
-            spec = WindowJoin(window, how, edges[0].key_fn, edges[1].key_fn,
-                              clock or ProcessingTime())
+            # _keyed_pair checked that both key functions are set
+            keys = edges[0].key_fn, edges[1].key_fn
+            spec = WindowJoin(window, how, *keys, clock or ProcessingTime(),  # type: ignore[arg-type]
+                              ttl_s)
         except ValueError as exc:
             raise ConfigError(f"step {step_id!r}: {exc}") from None
         return self._add_multi(step_id, spec, edges, parallelism, options)
 
     def interval_join(self, step_id: str, right: Stream, lower_s: float, upper_s: float, *,
-                      clock: Any = None, parallelism: int | None = None,
-                      **options: Any) -> Stream:
+                      clock: Any = None, ttl_s: float | None = None,
+                      parallelism: int | None = None, **options: Any) -> Stream:
         """Interval join on event time: pairs ``(key, left, right)`` of equal keys with
         ``left.t + lower_s <= right.t <= left.t + upper_s``, emitted as soon as both have
         arrived; the watermark drops what can no longer match. Both streams need
@@ -272,11 +277,61 @@ class Stream:
         edges = self._keyed_pair(step_id, "interval_join", right)
         _check_clock(step_id, clock)
         try:
-            spec = IntervalJoin(lower_s, upper_s, edges[0].key_fn, edges[1].key_fn,
-                                clock or EventTime())
+            keys = edges[0].key_fn, edges[1].key_fn  # both set: _keyed_pair checked them
+            spec = IntervalJoin(lower_s, upper_s, *keys, clock or EventTime(),  # type: ignore[arg-type]
+                                ttl_s)
         except ValueError as exc:
             raise ConfigError(f"step {step_id!r}: {exc}") from None
         return self._add_multi(step_id, spec, edges, parallelism, options)
+
+    def lookup_join(self, step_id: str, table: Stream, *, how: str = "inner",
+                    clock: Any = None, ttl_s: float | None = None,
+                    parallelism: int | None = None, **options: Any) -> Stream:
+        """Join each record with the latest value of its key in ``table``, a changelog
+        stream whose records each set their key's value; emits ``(key, record, value)``.
+        ``clock=ProcessingTime()`` (default): the value that has arrived when the record is
+        processed. ``clock=EventTime()``: the value as of the record's event time (Flink's
+        temporal join; deterministic whatever the interleaving, at the cost of waiting for
+        the watermark). ``how``: ``inner`` (drop records without a value) or ``left`` (emit
+        them with None). Both streams need :meth:`key_by`.
+
+        Example:
+            >>> from rayflow import Dataflow, MemorySource, CollectSink
+            >>> f = Dataflow("l")
+            >>> rates = f.source("rates", MemorySource([("eur", 1.1)])).key_by(lambda r: r[0])
+            >>> orders = f.source("orders", MemorySource([("eur", 10)])).key_by(lambda r: r[0])
+            >>> orders.lookup_join("priced", rates).sink("out", CollectSink())
+        """
+        from rayflow.operators.lookup import LookupJoin
+        from rayflow.operators.windows import ProcessingTime
+
+        edges = self._keyed_pair(step_id, "lookup_join", table)
+        _check_clock(step_id, clock)
+        try:
+            keys = edges[0].key_fn, edges[1].key_fn  # both set: _keyed_pair checked them
+            spec = LookupJoin(*keys, how, clock or ProcessingTime(), ttl_s)  # type: ignore[arg-type]
+        except ValueError as exc:
+            raise ConfigError(f"step {step_id!r}: {exc}") from None
+        return self._add_multi(step_id, spec, edges, parallelism, options)
+
+    def enrich_cached(self, step_id: str, fn: Callable[[Any], Any], ttl_s: float, *,
+                      batch: bool = False, parallelism: int | None = None,
+                      on_error: OnError | None = None, **options: Any) -> Stream:
+        """Look each record's key up with ``fn(key)`` (a database, a service) and emit
+        ``(key, record, value)``; values are cached per key for ``ttl_s`` seconds, so ``fn``
+        runs once per key and ``ttl_s``, not once per record. ``batch=True``: ``fn`` takes
+        the list of a batch's uncached keys and returns their values (a list in the same
+        order, or a dict). A key whose lookup raises sends its records to the dead letters.
+        Needs a preceding :meth:`key_by` (each instance caches the keys it owns)."""
+        from rayflow.operators.lookup import EnrichCached
+
+        if self._partitioning != "hash" or self._key_fn is None:
+            raise ConfigError(f"step {step_id!r}: enrich_cached() needs key_by(...) before it")
+        try:
+            spec = EnrichCached(fn, self._key_fn, ttl_s, batch)
+        except ValueError as exc:
+            raise ConfigError(f"step {step_id!r}: {exc}") from None
+        return self._then(step_id, "operator", spec, parallelism, on_error, options)
 
     def _add_multi(self, step_id: str, spec: Any, edges: tuple[Edge, ...],
                    parallelism: int | None, options: dict) -> Stream:
@@ -308,10 +363,12 @@ class Stream:
         return Stream(self.flow, self.step_id, "forward", None, port)
 
     def window(self, step_id: str, windower: Any, aggregator: Any, *, clock: Any = None,
-               parallelism: int | None = None, on_error: OnError | None = None,
-               **options: Any) -> Stream:
+               ttl_s: float | None = None, parallelism: int | None = None,
+               on_error: OnError | None = None, **options: Any) -> Stream:
         """Aggregate each key's records per window; emits :class:`WindowResult` records.
         Needs a preceding :meth:`key_by`. Late records leave on ``.side("late")``.
+        ``ttl_s``: a key without records for that long (processing time) loses its state,
+        open windows included (counted as ``state_expired`` in the step's metrics).
 
         Example:
             >>> from rayflow import Dataflow, MemorySource, CollectSink
@@ -326,15 +383,19 @@ class Stream:
         if self._partitioning != "hash" or self._key_fn is None:
             raise ConfigError(f"step {step_id!r}: window() needs key_by(...) before it")
         _check_clock(step_id, clock)
-        spec = Windowed(windower, aggregator, self._key_fn, clock or ProcessingTime())
+        try:
+            spec = Windowed(windower, aggregator, self._key_fn, clock or ProcessingTime(), ttl_s)
+        except ValueError as exc:
+            raise ConfigError(f"step {step_id!r}: {exc}") from None
         return self._then(step_id, "operator", spec, parallelism, on_error, options)
 
     def stateful_map(self, step_id: str, fn: Callable[[Any, Any], tuple[Any, Any]], *,
-                     parallelism: int | None = None, on_error: OnError | None = None,
-                     **options: Any) -> Stream:
+                     ttl_s: float | None = None, parallelism: int | None = None,
+                     on_error: OnError | None = None, **options: Any) -> Stream:
         """Keep one state per key: ``fn(state, value) -> (state, output)`` per record
         (``state`` is None for a new key; return a state of None to drop the key). Emits
         ``(key, output)``. Needs a preceding :meth:`key_by`; the state is checkpointed.
+        ``ttl_s``: drop the state of a key without records for that long.
 
         Example:
             >>> from rayflow import Dataflow, MemorySource, CollectSink
@@ -347,8 +408,44 @@ class Stream:
 
         if self._partitioning != "hash" or self._key_fn is None:
             raise ConfigError(f"step {step_id!r}: stateful_map() needs key_by(...) before it")
-        return self._then(step_id, "operator", StatefulMap(fn, self._key_fn), parallelism,
-                          on_error, options)
+        try:
+            spec = StatefulMap(fn, self._key_fn, ttl_s)
+        except ValueError as exc:
+            raise ConfigError(f"step {step_id!r}: {exc}") from None
+        return self._then(step_id, "operator", spec, parallelism, on_error, options)
+
+    def process(self, step_id: str, fn: Any, *, ttl_s: float | None = None,
+                parallelism: int | None = None, on_error: OnError | None = None,
+                **options: Any) -> Stream:
+        """A keyed process function (Flink's ``KeyedProcessFunction``): per record
+        ``fn.process_element(value, ctx)``, per due timer ``fn.on_timer(key, ts, ctx)``;
+        both yield output records. ``ctx.state`` is the key's value state (``value()``,
+        ``update(v)``, ``clear()``), ``ctx.timers.register(event_time=...)`` or
+        ``register(processing_time=...)`` / ``delete(...)`` its timers, checkpointed with
+        the state. ``fn``: an object with those methods
+        (:class:`~rayflow.operators.process.KeyedProcessFunction`), a pair
+        ``(process_element, on_timer)``, or one callable. Needs a preceding :meth:`key_by`.
+        ``ttl_s``: drop a key's state and timers after that long without its records.
+
+        Example:
+            >>> from rayflow import Dataflow, MemorySource, CollectSink
+            >>> f = Dataflow("p")
+            >>> def first(word, ctx):  # each word once
+            ...     if ctx.state.value() is None:
+            ...         ctx.state.update(True)
+            ...         yield word
+            >>> f.source("in", MemorySource(["a", "b", "a"])).key_by(str).process(
+            ...     "first", first).sink("out", CollectSink())
+        """
+        from rayflow.operators.process import Process
+
+        if self._partitioning != "hash" or self._key_fn is None:
+            raise ConfigError(f"step {step_id!r}: process() needs key_by(...) before it")
+        try:
+            spec = Process(fn, self._key_fn, ttl_s)
+        except ValueError as exc:
+            raise ConfigError(f"step {step_id!r}: {exc}") from None
+        return self._then(step_id, "operator", spec, parallelism, on_error, options)
 
     def map(self, step_id: str, fn: Callable[[Any], Any], *, parallelism: int | None = None,
             on_error: OnError | None = None, **options: Any) -> Stream:

@@ -6,56 +6,88 @@
 3. Cannon's multiplication and a CG solve (W5, W6), checked against numpy;
 4. the stream-to-stage job: windows of sensor rows solved by CG on a reused gang.
 
-The workload flows live in the repository's ``jobs/`` folder (run the demo from a checkout).
+The workload flows are those of :mod:`rayflow.examples`, which ``jobs/`` runs from the command
+line.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
-import sys
+import logging
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    SpinnerColumn,
+    TextColumn,
+    TimeElapsedColumn,
+)
 from rich.table import Table
 
 import rayflow as rf
-from rayflow.errors import RayflowError
-
-JOBS = Path(__file__).resolve().parent.parent / "jobs"
-
-
-def _jobs() -> None:
-    if not (JOBS / "wordcount.py").exists():
-        raise RayflowError(f"the demo runs the workloads in {JOBS}, which is missing; run it "
-                           f"from a rayflow checkout (pip install -e .)")
-    if str(JOBS) not in sys.path:
-        sys.path.insert(0, str(JOBS))
 
 
 class _Steps:
-    """A spinner per step on a terminal; plain log lines otherwise (e.g. ``ray job submit``)."""
+    """Progress of the demo: on a terminal, rich progress bars (the demo's steps, and the
+    records of a step that counts them); otherwise (``ray job submit``, a pipe) plain lines,
+    one when a step starts and one when it ends, with its time."""
 
-    def __init__(self, console: Console):
+    def __init__(self, console: Console, total: int):
         self.console = console
+        self.progress: Progress | None = None
+        if console.is_terminal:
+            self.progress = Progress(
+                SpinnerColumn(), TextColumn("{task.description}"), BarColumn(bar_width=24),
+                MofNCompleteColumn(), TimeElapsedColumn(), console=console, transient=True)
+            self.overall = self.progress.add_task("rayflow demo", total=total)
+
+    def __enter__(self) -> _Steps:
+        if self.progress is not None:
+            self.progress.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.progress is not None:
+            self.progress.stop()
 
     @contextlib.contextmanager
     def step(self, title: str):
+        """A step; yields ``update(done, total)`` for a step that counts its records."""
         t0 = time.time()
-        if self.console.is_terminal:
-            with self.console.status(f"[bold]{title}…"):
-                yield
-        else:
+        if self.progress is None:
             print(f"[rayflow demo] {title} ...", flush=True)
-            yield
-        self.console.log(f"{title}: done in {time.time() - t0:.1f} s")
+
+            def ignore(done: int, total: int) -> None:
+                pass
+
+            yield ignore
+            print(f"[rayflow demo] {title}: done in {time.time() - t0:.1f} s", flush=True)
+            return
+        progress = self.progress
+        task = progress.add_task(f"  {title}", total=None)
+
+        def update(done: int, total: int) -> None:
+            progress.update(task, completed=done, total=total)
+
+        try:
+            yield update
+        finally:
+            progress.remove_task(task)
+        progress.advance(self.overall)
+        progress.console.print(f"[green]✓[/green] {title} ({time.time() - t0:.1f} s)")
 
 
-def wordcount(bootstrap: str, n: int, inject_failure: bool) -> dict[str, Any]:
+def wordcount(bootstrap: str, n: int, inject_failure: bool,
+              progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
     import ray
 
     from rayflow.connectors.kafka import create_topic, produce, read_values
@@ -73,7 +105,12 @@ def wordcount(bootstrap: str, n: int, inject_failure: bool) -> dict[str, Any]:
     if inject_failure:
         wait_for(lambda: any(c["status"] == "completed" for c in job.checkpoints()), 60)
         ray.kill(job.hosts[("count", 0)], no_restart=True)
-    job.wait(300)
+    deadline = time.monotonic() + 300
+    while job.state in ("RUNNING", "STOPPING") and time.monotonic() < deadline:
+        if progress is not None:  # records the parser took, of those produced
+            progress(min(job.metrics().get("parse", {}).get("records_in", 0), n + 2), n + 2)
+        time.sleep(0.5)
+    job.wait(max(1.0, deadline - time.monotonic()))
     got = [json.loads(v) for v in read_values(bootstrap, t_out)]
     words = Counter(w for s in data for w in json.loads(s)["sentence"].split())
     expected = sum(-(-c // 10) for c in words.values())  # full windows + one partial per word
@@ -92,9 +129,9 @@ def wordcount(bootstrap: str, n: int, inject_failure: bool) -> dict[str, Any]:
 def images(count: int, size: int) -> dict[str, Any]:
     import cv2
     import numpy as np
-    from image_blur import run_w1
 
     from rayflow.connectors.images import write_image_set
+    from rayflow.examples.image_blur import run_w1
 
     with tempfile.TemporaryDirectory(prefix="rayflow-demo-") as d:
         src, out = Path(d) / "in", Path(d) / "out"
@@ -102,7 +139,10 @@ def images(count: int, size: int) -> dict[str, Any]:
         (src / "corrupt.png").write_bytes(b"\x89PNG not really")
         res = run_w1(str(src), measure_memory=True, output_dir=str(out))
         first = sorted(paths)[0]
-        want = cv2.GaussianBlur(cv2.imread(str(first), cv2.IMREAD_UNCHANGED), (5, 5), 3, 3)
+        img = cv2.imread(str(first), cv2.IMREAD_UNCHANGED)
+        if img is None:
+            raise RuntimeError(f"demo: cannot read back the input {first}")
+        want = cv2.GaussianBlur(img, (5, 5), 3, sigmaY=3)
         got = cv2.imread(str(out / first.name), cv2.IMREAD_UNCHANGED)
         ok = got is not None and np.array_equal(got, want) and res["images_written"] == count
     mem = res.get("memory") or {}
@@ -189,31 +229,39 @@ def run_demo(quick: bool = False, address: str | None = None, bootstrap: str | N
     from rayflow._raycontext import dashboard_available, dashboard_url, ensure_ray
     from rayflow.config import load_config
 
-    _jobs()
     console = console or Console()
-    steps = _Steps(console)
+    steps = _Steps(console, total=5)
     broker = None
     rows: list[dict[str, Any]] = []
-    with steps.step("starting Ray and the embedded Kafka broker"):
-        # a private Ray with its dashboard when this Python can run it (ray[default])
-        ensure_ray(address, num_cpus=None if address else 4,
-                   include_dashboard=address is None and dashboard_available())
-        if bootstrap is None:
-            broker = rf.EmbeddedBroker(timeout_s=load_config().kafka.startup_timeout_s).start()
-            bootstrap = broker.bootstrap
-    try:
-        with steps.step("W4 word count, exactly-once" + (" (with a failure)" if inject_failure
-                                                         else "")):
-            rows.append(wordcount(bootstrap, 6000 if quick else 20_000, inject_failure))
-        with steps.step("W1 image blur"):
-            rows.append(images(40 if quick else 200, 200 if quick else 600))
-        with steps.step("W5 Cannon and W6 CG"):
-            rows += hpc(256 if quick else 1024)
-        with steps.step("stream -> MPI stage"):
-            rows.append(stream_solve(4 if quick else 16))
-    finally:
-        if broker:
-            broker.stop()
+    with steps:
+        with steps.step("starting Ray and the embedded Kafka broker"):
+            # a private Ray with its dashboard when this Python can run it (ray[default])
+            if address is None:
+                # the demo's own terminal: Ray's start-up lines (the token notice, "Started
+                # a local Ray instance") and the actors' INFO lines stay out of it
+                ensure_ray(None, num_cpus=4, include_dashboard=dashboard_available(),
+                           logging_level=logging.ERROR,
+                           runtime_env={"env_vars": {"RAYFLOW_LOG_LEVEL": "WARNING"}})
+            else:
+                ensure_ray(address)
+            if bootstrap is None:
+                broker = rf.EmbeddedBroker(
+                    timeout_s=load_config().kafka.startup_timeout_s).start()
+                bootstrap = broker.bootstrap
+        try:
+            with steps.step("W4 word count, exactly-once" + (
+                    " (with a failure)" if inject_failure else "")) as update:
+                rows.append(wordcount(bootstrap, 6000 if quick else 20_000, inject_failure,
+                                      update))
+            with steps.step("W1 image blur"):
+                rows.append(images(40 if quick else 200, 200 if quick else 600))
+            with steps.step("W5 Cannon and W6 CG"):
+                rows += hpc(256 if quick else 1024)
+            with steps.step("stream -> MPI stage"):
+                rows.append(stream_solve(4 if quick else 16))
+        finally:
+            if broker:
+                broker.stop()
     console.print(summary_table(rows))
     url = dashboard_url()
     if url:

@@ -99,6 +99,8 @@ def object_store_bytes() -> int | None:
         from ray._private.internal_api import memory_summary
 
         node = worker._global_node
+        if node is None:  # Ray is not started
+            return None
         text = memory_summary(address=node.gcs_address, stats_only=True)
     except Exception:  # noqa: BLE001 - memory reporting must never fail a job
         return None

@@ -120,3 +120,36 @@ def test_tasks_stopped_at_a_savepoint_are_finished_but_not_drained():
     c.task_finished(("src", 1), 1.0, "b", drained=True)
     c.task_finished(("sink", 0), 1.1, "k", drained=False)
     assert c.latest.final and c.latest.drained == frozenset({("src", 1)})
+
+
+def test_a_region_restart_aborts_in_flight_and_its_tasks_run_again():
+    """A failover region restarts: what is in flight aborts, the region's finished tasks
+    count as running again (they report their end anew), the others stay finished."""
+    c = Coordinator(TASKS, interval_s=1.0, sources={("src", 0), ("src", 1)})
+    c.tick(0)
+    c.tick(1)
+    _complete(c, 1, 1.1)
+    c.task_finished(("src", 0), 1.2, "end-0")
+    c.task_finished(("src", 1), 1.3, "end-1")
+    assert c.tick(2.3) == []  # no live source: nothing to inject
+    assert c.restart({("src", 1)}, 2.4) == []
+    assert set(c.finished) == {("src", 0)} and ("src", 1) not in c.drained
+    assert c.tick(3.4) == [Trigger(2)]  # the restarted source injects barriers again
+    assert c.restart({("src", 1), ("sink", 0)}, 3.5) == [Abort(2, "failure")]
+    assert c.latest.checkpoint_id == 1
+
+
+def test_regions_of_a_plan():
+    import rayflow as rf
+    from rayflow.runtime.plan import make_plan, regions
+
+    f = rf.Dataflow("r")
+    a = f.source("a", rf.MemorySource([1]), parallelism=3).map("m", str)
+    a.sink("out", rf.CollectSink(), parallelism=3)
+    parts = sorted(sorted(r) for r in regions(make_plan(f)))
+    assert parts == [[("a", i), ("m", i), ("out", i)] for i in range(3)]
+    assert len(regions(make_plan(f), coupled=["a"])) == 1  # readers sharing splits
+    g = rf.Dataflow("b")
+    g.source("a", rf.MemorySource([1]), parallelism=2).map("m", str, parallelism=3) \
+        .sink("out", rf.CollectSink(), parallelism=3)  # rebalanced: one region
+    assert len(regions(make_plan(g))) == 1

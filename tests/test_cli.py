@@ -3,6 +3,7 @@ the dashboard of local Ray, and the demo's summary."""
 
 import json
 import logging
+import re
 import subprocess
 import sys
 import warnings
@@ -11,6 +12,7 @@ import pytest
 from click.testing import CliRunner
 
 from rayflow import cli
+from rayflow._procs import alive
 from rayflow.cli import main
 from rayflow.connectors import broker as broker_mod
 
@@ -34,7 +36,7 @@ def test_kafka_up_status_down(tmp_path, monkeypatch):
     finally:
         down = json.loads(r.invoke(main, ["kafka", "down", "--json"]).stdout)
     assert down["running"] is False
-    assert not broker_mod._alive(up["pid"])
+    assert not alive(up["pid"])
 
 
 def test_errors_are_one_line_with_a_hint(tmp_path, monkeypatch):
@@ -113,7 +115,10 @@ def test_demo_starts_its_local_ray_with_the_dashboard(monkeypatch):
     monkeypatch.setattr(_raycontext, "dashboard_available", lambda: True)
     with pytest.raises(Stop):
         demo.run_demo(quick=True)
-    assert seen == {"address": None, "num_cpus": 4, "include_dashboard": True}
+    assert seen == {"address": None, "num_cpus": 4, "include_dashboard": True,
+                    # quiet: Ray's start-up lines and the actors' INFO lines stay out
+                    "logging_level": logging.ERROR,
+                    "runtime_env": {"env_vars": {"RAYFLOW_LOG_LEVEL": "WARNING"}}}
 
 
 def test_dashboard_url_without_deprecation_warnings(ray_session):
@@ -183,3 +188,40 @@ def test_run_resume_passes_the_checkpoint_to_the_script(tmp_path):
                           str(script)], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert f"RESUME {path}" in out.stdout
+
+
+# -- the demo's progress -------------------------------------------------------------------------
+def test_demo_progress_is_plain_lines_without_a_terminal(capsys):
+    import io
+
+    from rich.console import Console
+
+    from rayflow.demo import _Steps
+
+    steps = _Steps(Console(file=io.StringIO(), force_terminal=False), total=1)
+    with steps, steps.step("W1 image blur") as update:
+        update(3, 10)  # no bar to move: nothing printed
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "[rayflow demo] W1 image blur ..."
+    assert re.fullmatch(r"\[rayflow demo\] W1 image blur: done in \d+\.\d s", out[1])
+    assert len(out) == 2
+
+
+def test_demo_progress_draws_bars_on_a_terminal_and_keeps_one_line_per_step():
+    import io
+
+    from rich.console import Console
+
+    from rayflow.demo import _Steps
+
+    buf = io.StringIO()
+    steps = _Steps(Console(file=buf, force_terminal=True, width=80), total=2)
+    with steps:
+        with steps.step("W4 word count") as update:
+            update(5, 10)
+            assert steps.progress.tasks[-1].completed == 5
+            assert steps.progress.tasks[-1].total == 10
+        assert steps.progress.tasks[0].completed == 1  # the demo's own bar moved
+    from rich.text import Text
+
+    assert "✓ W4 word count (" in Text.from_ansi(buf.getvalue()).plain

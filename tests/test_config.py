@@ -336,3 +336,48 @@ def test_missing_kafka_topic_names_the_step(ray_session, kafka_broker):
         rf.run(f)
     assert err.value.step_id == "read" and err.value.record == "(start-up)"
     assert "'no-such-topic-x' does not exist" in err.value.reason
+
+
+# -- process profiles: the one home of the workers' malloc settings ---------------------------
+def test_process_profiles_are_named_in_the_config_and_extendable():
+    ray_opts = load_config().ray
+    assert ray_opts.process_profile == "default"
+    assert ray_opts.process_env() == {"MALLOC_MMAP_THRESHOLD_": str(32 << 20),
+                                      "MALLOC_TRIM_THRESHOLD_": str(4 << 20),
+                                      "MALLOC_ARENA_MAX": "2"}
+    assert ray_opts.process_env("split_pipeline")["MALLOC_MMAP_THRESHOLD_"] == str(1 << 20)
+    assert ray_opts.process_env("glibc") == {}
+    mine = load_config(ray={"process_profiles": {"mine": {"MALLOC_ARENA_MAX": "4"}},
+                            "process_profile": "mine"}).ray
+    assert mine.process_env() == {"MALLOC_ARENA_MAX": "4"}
+    assert "default" in mine.process_profiles  # added to the built-in ones, not instead
+    with pytest.raises(ConfigError, match=r"process_profile 'nope' is not one of the "
+                                          r"process_profiles: \['default', 'glibc'"):
+        load_config(ray={"process_profile": "nope"})
+    with pytest.raises(ConfigError, match="ray.process_profiles has no profile 'nope'"):
+        ray_opts.process_env("nope")
+
+
+@pytest.mark.parametrize("address", [None, "127.0.0.1:6379"])
+def test_the_process_profile_reaches_the_jobs_runtime_env_locally_and_on_a_cluster(
+        monkeypatch, address):
+    import ray
+
+    from rayflow import _raycontext
+
+    seen: dict = {}
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", lambda **kw: seen.update(kw))
+    monkeypatch.setattr(ray, "get_runtime_context", lambda: type(
+        "C", (), {"gcs_address": "x"})())
+    monkeypatch.setattr(_raycontext, "_embedded_gcs", None)
+    monkeypatch.setenv("RAYFLOW_RAY__PROCESS_PROFILE", "whole_pipeline")
+    _raycontext.ensure_ray(address, runtime_env={"env_vars": {"MALLOC_ARENA_MAX": "8"}})
+    env = seen["runtime_env"]["env_vars"]
+    assert env["MALLOC_TRIM_THRESHOLD_"] == str(64 << 20)  # the configured profile
+    assert env["MALLOC_MMAP_THRESHOLD_"] == str(32 << 20)
+    assert env["MALLOC_ARENA_MAX"] == "8"  # the caller's variables win
+    assert ("PYTHONPATH" in env) == (address is None)  # local workers share the driver's path
+    seen.clear()
+    _raycontext.ensure_ray(address, process_profile="glibc")
+    assert "MALLOC_TRIM_THRESHOLD_" not in (seen.get("runtime_env") or {}).get("env_vars", {})

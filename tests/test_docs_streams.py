@@ -8,7 +8,8 @@ import pytest
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "streams.md"
 SECTIONS = ["Event time and watermarks", "Windows", "Merge and branch", "Joins",
-            "Keyed state: stateful_map"]
+            "Keyed state: stateful_map", "Process functions and timers", "State time to live",
+            "Lookup joins and cached enrichment"]
 
 
 def _example(section: str) -> str:

@@ -19,7 +19,7 @@ PURE = [
     "rayflow.operators.watermarks", "rayflow.operators.image", "rayflow.state",
     "rayflow.connectors.base", "rayflow.connectors.memory", "rayflow.connectors.kafka",
     "rayflow.hpc.comm", "rayflow.hpc.cannon_index", "rayflow.hpc.cg_math", "rayflow.hpc.MPI",
-    "rayflow.examples.wordcount",
+    "rayflow.examples.wordcount", "rayflow.runtime.alignment", "rayflow.runtime.plan",
 ]
 
 

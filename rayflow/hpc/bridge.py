@@ -75,6 +75,7 @@ class _GangLogic(Logic):
     def _run(self, record: Any) -> Any:
         t0 = time.perf_counter()
         gang = self.gang if self.spec.reuse_gang else self._new_gang()
+        assert gang is not None, "open() starts the reused gang"
         try:
             return self.spec.fn(record, gang)
         finally:

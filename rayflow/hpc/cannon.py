@@ -11,7 +11,7 @@ receives the next pair after it.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -127,5 +127,5 @@ def cannon_matmul(
     a_skew = A.take(lambda i, j: skew_a_source(i, j, p))
     b_skew = B.take(lambda i, j: skew_b_source(i, j, p))
     stage_options.setdefault("name", "cannon")
-    out = mpimap(cannon_rank, a_skew, b_skew, **stage_options)
+    out = cast(BlockDataset, mpimap(cannon_rank, a_skew, b_skew, **stage_options))  # one output
     return BlockDataset(out.refs, (p, p), A.row_sizes, B.col_sizes, stage=out.stage)

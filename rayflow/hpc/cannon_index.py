@@ -70,16 +70,6 @@ def grid_side(num_ranks: int) -> int:
     return p
 
 
-def rank_of(i: int, j: int, cols: int) -> int:
-    """Row-major rank of grid position ``(i, j)`` on a grid with ``cols`` columns."""
-    return i * cols + j
-
-
-def coords_of(rank: int, cols: int) -> tuple[int, int]:
-    """Grid position ``(i, j)`` of a row-major ``rank``."""
-    return divmod(rank, cols)
-
-
 def inner_index(i: int, j: int, t: int, p: int) -> int:
     """The inner block index ``k`` used by rank ``(i, j)`` at round ``t``."""
     return (i + j + t) % p
@@ -107,8 +97,3 @@ def cannon_schedule(i: int, j: int, p: int) -> list[tuple[tuple[int, int], tuple
     [((0, 1), (1, 1)), ((0, 0), (0, 1))]
     """
     return [((i, inner_index(i, j, t, p)), (inner_index(i, j, t, p), j)) for t in range(p)]
-
-
-def matmul_flops(m: int, k: int, n: int) -> float:
-    """Floating-point operations of an ``(m x k) @ (k x n)`` product (2 per multiply-add)."""
-    return 2.0 * m * k * n

@@ -27,7 +27,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import ray
@@ -48,12 +48,10 @@ class CheckpointStore:
     def __init__(self, size: int):
         self._size = size
         self._states: dict[int, dict[int, CGState]] = {}
-        self.saves = 0
 
     def save(self, rank: int, state: CGState) -> None:
         # Copy: the arrays may be views of objects owned by the (mortal) rank actor.
         self._states.setdefault(state.iteration, {})[rank] = state.copy()
-        self.saves += 1
         complete = sorted(k for k, v in self._states.items() if len(v) == self._size)
         for k in complete[:-_KEEP_CHECKPOINTS]:
             del self._states[k]
@@ -65,9 +63,6 @@ class CheckpointStore:
 
     def get(self, iteration: int, rank: int) -> CGState:
         return self._states[iteration][rank]
-
-    def stats(self) -> dict[str, Any]:
-        return {"saves": self.saves, "latest": self.latest()}
 
 
 class ConvergenceWarning(UserWarning):
@@ -268,13 +263,14 @@ def cg_solve(
         raise ValueError(f"A's row blocks {A.row_sizes} differ from b's {B.row_sizes}")
     if x0 is not None:
         x0 = _as_vector(x0, n, "x0", shape_a)
-    store = CheckpointStore.remote(A.num_blocks) if checkpoint_every > 0 else None
+    store = (CheckpointStore.remote(A.num_blocks)  # type: ignore[attr-defined]  # (added by ray.remote)
+             if checkpoint_every > 0 else None)
     stage_options.setdefault("name", "cg")
     try:
-        xs, infos = mpimap(
+        xs, infos = cast(tuple[BlockDataset, BlockDataset], mpimap(  # (two outputs)
             cg_rank, A, B, num_outputs=2,
             fn_args=(tol, maxiter, checkpoint_every, store, on_iteration, x0), **stage_options,
-        )
+        ))
         info = ray.get(infos.refs[0])
     finally:
         if store is not None:

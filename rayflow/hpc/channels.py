@@ -434,7 +434,7 @@ class Endpoint:
                 elif kind == "tcp":
                     import zmq
 
-                    sock = zmq.Context.instance().socket(zmq.PUSH)
+                    sock: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.PUSH)
                     sock.setsockopt(zmq.SNDHWM, 0)  # never block a buffered send
                     sock.setsockopt(zmq.LINGER, 0)
                     sock.connect(addresses[d]["tcp"])
@@ -602,6 +602,36 @@ class DirectTransport:
                 )
             elif now > spin_end:
                 self._sleep(ring, deadline - now)
+
+    def try_recv(self, src: int, key: Any) -> Any:
+        """The message from ``src`` for ``key`` if it has arrived, else
+        :data:`rayflow.hpc.comm.NO_MESSAGE`, at once (what ``ANY_SOURCE`` and
+        ``Request.Test`` need). Other messages read meanwhile are kept for their receives."""
+        from rayflow.hpc.comm import NO_MESSAGE
+
+        if self._box.aborted(self.stage):
+            raise StageAborted(f"stage {self.stage} was aborted (a peer died)")
+        got = self._box.pop(self.stage, src, key)
+        if got is _MISSING and 0 <= src < self.size and src != self.rank:
+            self._check_open()
+            ring = self._ch.rings.get(src)
+            got = self._take(ring, src, key) if ring is not None else self._take_tcp(src, key)
+        return NO_MESSAGE if got is _MISSING else got
+
+    def wait_any(self, timeout_s: float) -> None:
+        """Sleep until a message may have arrived from any peer (the doorbell rang, the TCP
+        socket is readable, the mailbox got one) or ``timeout_s`` passed: what a receive from
+        ``ANY_SOURCE`` does between looks, instead of polling on a timer."""
+        ch = self._ch
+        ch.bell.drain()
+        # after the drain: a message written before it is visible now
+        if any(r.readable() for r in ch.rings.values()):
+            return
+        if ch.pull is not None and ch.pull.poll(0):
+            return
+        if self._box.aborted(self.stage):
+            return
+        ch.poller.poll(max(1, min(int(timeout_s * 1000) + 1, 1000)))
 
     def _take(self, ring: shm.Ring, src: int, key: Any) -> Any:
         """Read ``src``'s ring until the message for ``key`` shows up; stash the others."""

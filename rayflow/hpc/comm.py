@@ -24,7 +24,9 @@ follow mpi4py: numpy arrays and scalars combine with numpy's ufuncs, Python obje
 Python's operators (exact integers, Fractions, Decimals).
 
 Arrays received may be read-only views of Ray's object store: copy before mutating.
-No Ray is imported by this module.
+No Ray is imported by this module. It is long because it is one contract: every collective
+is written over the same transport and matching rules, and a backend conformance test
+checks them together.
 """
 
 from __future__ import annotations
@@ -32,20 +34,12 @@ from __future__ import annotations
 import itertools
 import operator
 from collections import defaultdict
-from collections.abc import Sequence
-from typing import Any, Protocol
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
 from rayflow.hpc.cannon_index import split_sizes
-
-#: Reduction operators accepted by ``reduce``/``allreduce``/``reduce_scatter``.
-REDUCE_OPS = {
-    "sum": np.add,
-    "prod": np.multiply,
-    "min": np.minimum,
-    "max": np.maximum,
-}
 
 # Arrays above this size are all-reduced as reduce-scatter + allgather (two hops, each rank
 # moves ~2x its array) rather than all-to-all (one hop, each rank moves (p-1)x its array).
@@ -110,9 +104,23 @@ def _py_max(x: Any, y: Any) -> Any:
     return y if y > x else x
 
 
-#: The same operators for Python objects (ints, floats, Fractions, Decimals, ...), as mpi4py
-#: applies them: ``+``, ``*`` and comparisons, so integers stay exact at any size.
-PY_OPS = {"sum": operator.add, "prod": operator.mul, "min": _py_min, "max": _py_max}
+class ReduceOp(NamedTuple):
+    """A reduction operator: numpy's ufunc for arrays and numpy scalars, and the same
+    operator for Python objects (ints, floats, Fractions, Decimals, ...) as mpi4py applies
+    it, with ``+``, ``*`` and comparisons, so that integers stay exact at any size."""
+
+    array: np.ufunc
+    scalar: Callable[[Any, Any], Any]
+
+
+#: The reduction operators of ``reduce``/``allreduce``/``reduce_scatter``, by name: the one
+#: table every backend (Ray-native, gloo, the ``ray.util.collective`` group) reads.
+REDUCE_OPS: dict[str, ReduceOp] = {
+    "sum": ReduceOp(np.add, operator.add),
+    "prod": ReduceOp(np.multiply, operator.mul),
+    "min": ReduceOp(np.minimum, _py_min),
+    "max": ReduceOp(np.maximum, _py_max),
+}
 
 #: Rank number of a missing neighbour (MPI's ``PROC_NULL``): a send to it does nothing and a
 #: receive from it returns ``None`` at once. ``CartComm.shift`` returns it at the edges of a
@@ -140,7 +148,7 @@ def reduce_values(values: Sequence[Any], op: str, what: str = "reduce") -> Any:
     numpy arrays combine elementwise with the ufunc (:data:`REDUCE_OPS`) and must have the
     same shape and dtype on every rank (MPI's matching counts and types); numpy scalars
     combine with the ufunc as well. Anything else combines with Python's operators
-    (:data:`PY_OPS`), so Python ints never overflow and Fractions stay exact.
+    (:data:`REDUCE_OPS` too), so Python ints never overflow and Fractions stay exact.
 
     Raises:
         ValueError: arrays of different shapes or dtypes, or an array on some ranks only.
@@ -155,10 +163,11 @@ def reduce_values(values: Sequence[Any], op: str, what: str = "reduce") -> Any:
             raise ValueError(
                 f"{what}: every rank must pass an array of the same shape and dtype; got {parts}"
             )
+    fn: Callable[[Any, Any], Any]
     if any(arrays) or any(isinstance(v, np.generic) for v in values):
-        fn = REDUCE_OPS[op]
+        fn = REDUCE_OPS[op].array
     else:
-        fn = PY_OPS[op]
+        fn = REDUCE_OPS[op].scalar
     acc = values[0]
     for v in values[1:]:
         acc = fn(acc, v)
@@ -216,10 +225,6 @@ class Communicator:
     def backend(self) -> str:
         """The transport's backend name (``"ray"`` or ``"gloo"``)."""
         return getattr(self._t, "backend", "unknown")
-
-    def world_rank(self, rank: int) -> int:
-        """The world rank of group rank ``rank``."""
-        return self._members[rank]
 
     def _check_rank(self, r: Any, what: str, proc_null: bool = False) -> None:
         if isinstance(r, bool) or not isinstance(r, (int, np.integer)):

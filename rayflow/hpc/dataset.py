@@ -127,7 +127,7 @@ class BlockDataset:
         ndim = array.ndim
         if ndim == 1 and gc != 1:
             raise ValueError(f"a 1-D array (shape {array.shape}) splits into a (p, 1) grid, "
-                             f"not {tuple(grid)}")
+                             f"not ({gr}, {gc})")
         ray = _ray()
         rs = split_sizes(array.shape[0], gr)
         ro = offsets(rs)

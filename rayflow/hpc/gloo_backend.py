@@ -137,9 +137,13 @@ class GlooTransport:
 
     def __init__(self, rank: int, size: int, torch_module: Any = None, dist_module: Any = None):
         if torch_module is None:
-            import torch as torch_module
+            import torch
+
+            torch_module = torch
         if dist_module is None:
-            import torch.distributed as dist_module
+            import torch.distributed
+
+            dist_module = torch.distributed
 
         self._torch, self._dist = torch_module, dist_module
         self.rank, self.size = rank, size
@@ -266,7 +270,7 @@ class GlooNative:
             kind = _SCALAR if isinstance(obj, np.generic) else _ARRAY
             hdr = _header(kind, buf.nbytes, _CODE[buf.dtype], buf.shape)
             mine = _raw_bytes(buf)
-            ufunc = REDUCE_OPS[op]
+            ufunc = REDUCE_OPS[op].array
 
             def combine(peer_hdr: np.ndarray, peer: np.ndarray) -> None:
                 ufunc(buf, peer.view(buf.dtype).reshape(buf.shape), out=buf)
@@ -377,7 +381,7 @@ class GlooNative:
         me = self._t.rank
         hdr, data = _encode(obj) if me == root else (np.zeros(_HDR, dtype=np.int64), None)
         self._c.broadcast(hdr, root, self._g)
-        if me == root:
+        if data is not None:  # the root
             buf = data if data.flags.writeable else data.copy()
         else:
             buf = _empty(hdr)

@@ -95,55 +95,19 @@ class _Program:
 
 
 # ------------------------------------------------------------------ in the rank
-class _PollingTransport:
-    """Adds a non-blocking ``try_recv`` to the Ray-native transport (for ``ANY_SOURCE``).
-
-    The transport offers a blocking ``recv`` only; this looks into its mailbox and its
-    channel from the sender once, stashing other messages as its own ``recv`` does.
-    """
-
-    def __init__(self, transport: Any):
-        self._t = transport
-        self.rank, self.size = transport.rank, transport.size
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._t, name)
-
-    def try_recv(self, src: int, key: Any) -> Any:
-        from rayflow.hpc import channels
-        from rayflow.hpc.comm import NO_MESSAGE
-
-        t = self._t
-        if t._box.aborted(t.stage):
-            raise channels.StageAborted(f"stage {t.stage} was aborted (a peer failed)")
-        got = t._box.pop(t.stage, src, key)
-        if got is channels._MISSING and src != t.rank:
-            ring = t._ch.rings.get(src)
-            got = t._take(ring, src, key) if ring is not None else t._take_tcp(src, key)
-        return NO_MESSAGE if got is channels._MISSING else got
-
-
-def _with_try_recv(transport: Any) -> Any:
-    if hasattr(transport, "try_recv"):
-        return transport
-    if all(hasattr(transport, a) for a in ("_box", "_ch", "_take", "_take_tcp", "stage")):
-        return _PollingTransport(transport)
-    return transport  # no way to poll: ANY_SOURCE raises NotImplementedError naming it
-
-
 def _shim() -> types.ModuleType:
     from rayflow.hpc import MPI
 
     mod = types.ModuleType("mpi4py", "rayflow's stand-in for mpi4py inside an MPI rank")
     mod.MPI = MPI  # type: ignore[attr-defined]
     mod.__version__ = "3.1.0"  # type: ignore[attr-defined]
-    mod.__path__ = []  # type: ignore[attr-defined] - a package, so "import mpi4py.MPI" works
+    mod.__path__ = []  # a package, so that "import mpi4py.MPI" works
     mod.rc = types.SimpleNamespace(initialize=True, finalize=True, threads=True,  # type: ignore[attr-defined]
                                    thread_level="multiple", recv_mprobe=False)
     return mod
 
 
-def _exit_code(exc: SystemExit, stderr: TextIO) -> int:
+def _exit_code(exc: SystemExit, stderr: TextIO | _Forwarder) -> int:
     code = exc.code
     if code is None:
         return 0
@@ -223,7 +187,6 @@ def _rank_main(comm: Any, program: _Program, sink: Any = None) -> dict:
     from rayflow.hpc import MPI
     from rayflow.hpc.channels import StageAborted
 
-    comm._t = _with_try_recv(comm._t)
     MPI._bind(comm)
     out = _Forwarder(comm.rank, "stdout", sink)
     err = _Forwarder(comm.rank, "stderr", sink)
@@ -249,6 +212,7 @@ def _rank_main(comm: Any, program: _Program, sink: Any = None) -> dict:
                     sys.argv = ["<function>", *program.argv]
                     result["value"] = program.func()
                 else:
+                    assert program.path is not None and program.source is not None
                     sys.argv = [program.path, *program.argv]
                     sys.path.insert(0, os.path.dirname(os.path.abspath(program.path)))
                     code = compile(program.source, program.path, "exec")
@@ -263,7 +227,9 @@ def _rank_main(comm: Any, program: _Program, sink: Any = None) -> dict:
                 result["exit_code"] = None  # stopped because another rank failed
             except BaseException as exc:  # noqa: BLE001 - reported as this rank's failure
                 # from the program's frames on: this function's own frame says nothing
-                tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__.tb_next))
+                frames = exc.__traceback__
+                tb = "".join(traceback.format_exception(
+                    type(exc), exc, frames.tb_next if frames is not None else None))
                 err.write(tb)
                 result["exit_code"], result["error"] = 1, tb
             finally:
@@ -310,7 +276,7 @@ def _attempt(g: Any, program: _Program, attempt: int, echo: tuple[TextIO, TextIO
     sink = _sink_class().remote() if echo is not None else None
 
     def forward() -> None:
-        if sink is not None:
+        if sink is not None and echo is not None:
             _echo_chunks(ray.get(sink.drain.remote()), *echo)
     calls = [list(a.run.options(num_returns=2).remote(stage, attempt, 1, _rank_main,
                                                       (program, sink), None))
@@ -324,8 +290,8 @@ def _attempt(g: Any, program: _Program, attempt: int, echo: tuple[TextIO, TextIO
         forward()
         for ref in ready:
             r = pending.pop(ref)
-            outs[r] = _collect(r, calls[r])
-            failed = failed or bool(outs[r].exit_code)
+            outs[r] = res = _collect(r, calls[r])
+            failed = failed or bool(res.exit_code)
     dead: set[int] = set()
     if failed and pending:
         # as mpiexec: the others are stopped (woken if waiting on a message, else killed)

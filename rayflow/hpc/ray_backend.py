@@ -95,7 +95,8 @@ class _Rendezvous:
 
 def create_rendezvous(group_name: str, world_size: int, namespace: str | None = None) -> Any:
     """Create the named rendezvous actor of ``group_name`` (call in the driver)."""
-    return _Rendezvous.options(name=_RDV_PREFIX + group_name, namespace=namespace).remote(
+    return _Rendezvous.options(name=_RDV_PREFIX + group_name,  # type: ignore[attr-defined]  # (added by ray.remote)
+                               namespace=namespace).remote(
         world_size
     )
 

@@ -92,7 +92,7 @@ class RayNativeGroup(BaseGroup):
 def _apply(op: str, a, b):
     from rayflow.hpc.comm import REDUCE_OPS
 
-    return REDUCE_OPS[op](a, b)
+    return REDUCE_OPS[op].array(a, b)
 
 
 def register_ray_backend() -> None:

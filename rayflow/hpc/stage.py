@@ -24,6 +24,7 @@ so.
 
 from __future__ import annotations
 
+import logging
 import time
 import uuid
 from collections.abc import Callable
@@ -38,6 +39,9 @@ from rayflow.errors import RayflowError
 from rayflow.hpc.dataset import BlockDataset
 from rayflow.hpc.gang import Gang
 from rayflow.hpc.pool import warm_gangs
+from rayflow.metrics import StageExporter
+
+_log = logging.getLogger(__name__)
 
 
 class StageError(RayflowError):
@@ -153,6 +157,14 @@ def _stop_survivors(g: Gang, stage_id: str, calls: list, timeout_s: float = 30.0
     return dead
 
 
+def _add_note(err: BaseException, note: str) -> None:
+    """``err.add_note(note)``, also on Python 3.10 (which has no ``add_note``)."""
+    if hasattr(err, "add_note"):
+        err.add_note(note)
+    else:  # where 3.11 keeps notes; a 3.10 traceback does not print them
+        err.__notes__ = [*getattr(err, "__notes__", ()), note]  # type: ignore[attr-defined]
+
+
 def mpimap(
     fn: Callable[..., Any],
     *datasets: BlockDataset,
@@ -201,7 +213,7 @@ def mpimap(
             raise ValueError(f"datasets have {size} and {ds.num_blocks} blocks; ranks need one each")
     opts = options or load_config().hpc
     retries = opts.max_stage_retries if max_retries is None else max_retries
-    info = StageInfo(name or getattr(fn, "__name__", "stage"), size)
+    info = StageInfo(str(name or getattr(fn, "__name__", "stage")), size)
     own_gang = gang is None
     g = gang or warm_gangs.acquire(Gang(size, backend=backend, strategy=strategy,
                                         gang_timeout_s=gang_timeout_s,
@@ -237,10 +249,12 @@ def mpimap(
                 # the other ranks may wait forever on the one that raised: end their runs
                 note = _end_failed_stage(g, stage_id, calls)
                 if note is not None and not own_gang:
-                    err.add_note(note)
+                    _add_note(err, note)
                 raise
             except RayActorError as err:
                 info.failures.append(f"attempt {info.attempts}: {type(err).__name__}")
+                _log.info("stage %r lost a rank (attempt %d of at most %d): %s", info.name,
+                          info.attempts, retries + 1, type(err).__name__)
                 if info.attempts > retries:
                     g.shutdown()
                     raise StageError(
@@ -262,6 +276,10 @@ def mpimap(
             warm_gangs.release(g, opts.warm_gang_idle_s if ok else 0)
     info.rank_wall_s = [s["wall_s"] for s in statuses]
     info.rank_maxrss_bytes = [s["maxrss_bytes"] for s in statuses]
+    # Prometheus, through Ray's metrics: labelled by the driver's Ray job (a stage has no
+    # job of its own), the stage name and the rank
+    StageExporter(ray.get_runtime_context().get_job_id(), info.name).export(
+        info.wall_s, info.attempts, info.rank_wall_s, info.rank_maxrss_bytes)
     grid = datasets[0].grid
     outs = tuple(
         BlockDataset(tuple(c[1 + k] for c in calls), grid, None, None, stage=info)

@@ -23,6 +23,23 @@ Nexmark suite's SQL (nexmark/nexmark, ``queries/q*.sql``):
 - ``q20`` expanded bids: each bid with its auction's fields, for auctions of category 10
   (a regular join: a bid before its auction waits for it).
 
+- ``q3`` local item suggestion: category-10 auctions with their sellers from OR, ID or CA
+  (a regular join, as q20). ``q4`` the average winning price per category (q9's winners,
+  then a running average per category: an updating result whose last row per category is
+  the query's).
+- ``q12`` bids per bidder in 10 s *processing-time* windows: which window a bid falls in
+  depends on when it is processed, so the reference compares each bidder's total.
+- ``q13`` bounded side-input join: each bid with the value of ``auction % 10000`` in a side
+  table (a lookup join on event time: the table is valid from the start).
+- ``q14`` bid prices in euros between 1 M and 50 M with the time of day (the generator
+  has no ``extra`` field, so neither has the output); ``q21`` bids with a channel id;
+  ``q22`` bids with the directories of their URL (SQL's ``SPLIT_INDEX``: None past the end).
+- ``q15`` per day, and ``q17`` per auction and day: counts by price range (q17 also min,
+  max, average and sum of the prices), as day windows, like q16.
+- ``q18`` the last bid of each bidder on each auction, ``q19`` each auction's ten highest
+  bids (``ROW_NUMBER() ... <= n``): updating results from ``stateful_map``; each update
+  carries how many bids its key had seen, and the last update of a key is the query's row.
+
 Windows are half-open ``[start, end)`` in event time, in seconds; event times are the
 events' ``date_time`` (ms) / 1000.
 
@@ -655,6 +672,405 @@ def _q20_rows(out):
     return sorted(out)
 
 
+# -- q3: local item suggestion (a regular join of auctions and their sellers) ----------------
+
+Q3_CATEGORY = 10
+Q3_STATES = ("OR", "ID", "CA")
+
+
+def _person_or_auction(e: dict) -> bool:
+    return e["kind"] != "bid"
+
+
+def _seller_key(e: dict) -> int:
+    return e["id"] if e["kind"] == "person" else e["seller"]
+
+
+def _q3_row(person: dict, auction: dict) -> tuple:
+    return (person["name"], person["city"], person["state"], auction["id"])
+
+
+def _q3_step(state, e):
+    """Per person id: ``(person or None, auctions that came before them)``. Like q20, a
+    regular join: each side waits in the state for the other; people of other states and
+    auctions of other categories are dropped as they come."""
+    person, early = state or (None, ())
+    if e["kind"] == "person":
+        if e["state"] not in Q3_STATES:
+            return ({"state": e["state"]}, ()), []
+        return (e, ()), [_q3_row(e, a) for a in early]
+    if e["category"] != Q3_CATEGORY:
+        return state, []
+    if person is None:
+        return (None, early + (e,)), []
+    if person["state"] not in Q3_STATES:
+        return state, []
+    return state, [_q3_row(person, e)]
+
+
+def _q3_build(events, columnar, config):
+    joined = (events.filter("people-auctions", _person_or_auction).key_by(_seller_key)
+              .stateful_map("q3-join", _q3_step))
+    return joined.flat_map("q3", _value_of)
+
+
+def _q3_reference(events):
+    people = {e["id"]: e for e in events
+              if e["kind"] == "person" and e["state"] in Q3_STATES}
+    return sorted(_q3_row(people[e["seller"]], e) for e in events
+                  if e["kind"] == "auction" and e["category"] == Q3_CATEGORY
+                  and e["seller"] in people)
+
+
+def _sorted(out):
+    return sorted(out)
+
+
+# -- q4: average winning price per category --------------------------------------------------
+
+def _category_of(r) -> int:
+    return r[7]  # _Q9_AUCTION's "category"
+
+
+def _q4_average(state, row):
+    """Running ``(auctions, sum of winning prices)`` of a category; emits ``(category,
+    auctions, average)``: an updating result whose last row (most auctions) is the
+    query's."""
+    n, total = state or (0, 0)
+    n, total = n + 1, total + row[9]  # the winning bid's price
+    return (n, total), (row[7], n, total / n)
+
+
+def _q4_build(events, columnar, config):
+    winners = _q9_build(events, columnar, config)
+    return (winners.key_by(_category_of).stateful_map("q4-avg", _q4_average)
+            .map("q4", _value_of))
+
+
+def _q4_reference(events):
+    by_category: dict[int, list[int]] = defaultdict(list)
+    for row in _q9_reference(events):
+        by_category[row[7]].append(row[9])
+    return sorted((c, len(p), sum(p) / len(p)) for c, p in by_category.items())
+
+
+def _latest_per_key(out, key=lambda r: r[0], version=lambda r: r[1]):
+    """The last row of each key of an updating result: the one with the highest version."""
+    best: dict = {}
+    for r in out:
+        k = key(r)
+        if k not in best or version(r) > version(best[k]):
+            best[k] = r
+    return sorted(best.values())
+
+
+def _q4_rows(out):
+    return _latest_per_key(out)
+
+
+# -- q12: processing-time windows -------------------------------------------------------------
+
+Q12_LENGTH_S = 10
+
+
+def _q12_row(r) -> tuple:
+    return (r.key, r.value, r.start, r.end)
+
+
+def _q12_build(events, columnar, config):
+    from rayflow.operators.windows import ProcessingTime
+
+    return (events.filter("bids", _IsKind("bid")).key_by(_bidder_of)
+            .window("q12-count", TumblingWindow(Q12_LENGTH_S), Count(),
+                    clock=ProcessingTime())
+            .map("q12", _q12_row))
+
+
+def _q12_reference(events):
+    # which wall-clock window a bid falls in depends on when it was processed; what does
+    # not is each bidder's bids over all windows
+    return sorted(Counter(e["bidder"] for e in events if e["kind"] == "bid").items())
+
+
+def _q12_rows(out):
+    total: Counter = Counter()
+    for bidder, n, _start, _end in out:
+        total[bidder] += n
+    return sorted(total.items())
+
+
+# -- q13: bounded side input join -------------------------------------------------------------
+
+Q13_SIDE_KEYS = 10_000
+
+
+def q13_side_input(n: int = Q13_SIDE_KEYS) -> list[tuple[int, str]]:
+    """The side table: ``(key, value)`` for keys ``0 .. n - 1`` (the suite reads such a file)."""
+    return [(k, f"side-{k * 7 % 1000}") for k in range(n)]
+
+
+def _side_key(bid: dict) -> int:
+    return bid["auction"] % Q13_SIDE_KEYS
+
+
+def _table_key(row) -> int:
+    return row[0]
+
+
+def _at_zero(row) -> float:
+    return 0.0
+
+
+def _q13_row(joined) -> tuple:
+    _, b, side = joined
+    return (b["auction"], b["bidder"], b["price"], b["date_time"], side[1])
+
+
+def _q13_build(events, columnar, config):
+    from rayflow.connectors.memory import MemorySource
+
+    # the side table is valid from the start of time: every bid joins it as of its event
+    # time, once the table has been read (its watermark holds the join back until then)
+    table = events.flow.source("side-input", MemorySource(q13_side_input()),
+                               watermarks=EventTime(timestamp=_at_zero))
+    bids = events.filter("bids", _IsKind("bid"))
+    return (bids.key_by(_side_key)
+            .lookup_join("q13-join", table.key_by(_table_key), clock=EventTime())
+            .map("q13", _q13_row))
+
+
+def _q13_reference(events):
+    side = dict(q13_side_input())
+    return sorted((e["auction"], e["bidder"], e["price"], e["date_time"],
+                   side[e["auction"] % Q13_SIDE_KEYS]) for e in events if e["kind"] == "bid")
+
+
+# -- q14: calculation (stateless) -------------------------------------------------------------
+
+def _hour(ms: int) -> int:
+    return (ms // 3_600_000) % 24
+
+
+def _bid_time_type(ms: int) -> str:
+    h = _hour(ms)
+    if 8 <= h <= 18:
+        return "dayTime"
+    if h <= 6 or h >= 20:
+        return "nightTime"
+    return "otherTime"
+
+
+def _q14_row(e: dict) -> tuple:
+    return (e["auction"], e["bidder"], EURO_RATE * e["price"], _bid_time_type(e["date_time"]),
+            e["date_time"])
+
+
+def _q14_keep(e: dict) -> bool:
+    return e["kind"] == "bid" and 1_000_000 < EURO_RATE * e["price"] < 50_000_000
+
+
+def _q14_build(events, columnar, config):
+    return events.filter("q14-filter", _q14_keep).map("q14", _q14_row)
+
+
+def _q14_reference(events):
+    return sorted(_q14_row(e) for e in events if _q14_keep(e))
+
+
+# -- q15 and q17: bidding statistics per day, in all and per auction --------------------------
+
+def _q15_row(r) -> tuple:
+    _minute, *counts = r.value
+    return (_day(int(r.start * 1000)), *counts)
+
+
+def _q15_build(events, columnar, config):
+    return (events.filter("bids", _IsKind("bid")).key_by(_everything)
+            .window("q15-stats", TumblingWindow(Q16_DAY_S), ChannelStats(), clock=EventTime())
+            .map("q15", _q15_row))
+
+
+def _q15_reference(events):
+    return sorted(r[1:2] + r[3:] for r in _q16_reference(
+        [{**e, "channel": ""} for e in events]))
+
+
+@dataclass(frozen=True)
+class AuctionStats(Aggregator[tuple]):
+    """q17's figures of an auction's bids: ``(bids per rank, min, max, sum)``."""
+
+    def create(self):
+        return ((0, 0, 0), math.inf, -math.inf, 0)
+
+    def add(self, acc, bid):
+        ranks, lo, hi, total = acc
+        p = bid["price"]
+        r = _rank(p)
+        ranks = tuple(n + (i == r) for i, n in enumerate(ranks))
+        return (ranks, min(lo, p), max(hi, p), total + p)
+
+    def merge(self, a, b):
+        return (tuple(x + y for x, y in zip(a[0], b[0])), min(a[1], b[1]), max(a[2], b[2]),
+                a[3] + b[3])
+
+    def result(self, acc):
+        ranks, lo, hi, total = acc
+        n = sum(ranks)
+        return (n, *ranks, lo, hi, total / n, total)
+
+
+def _q17_row(r) -> tuple:
+    return (r.key, _day(int(r.start * 1000)), *r.value)
+
+
+def _q17_build(events, columnar, config):
+    return (events.filter("bids", _IsKind("bid")).key_by(_auction_of)
+            .window("q17-stats", TumblingWindow(Q16_DAY_S), AuctionStats(), clock=EventTime())
+            .map("q17", _q17_row))
+
+
+def _q17_reference(events):
+    groups: dict[tuple, list[int]] = defaultdict(list)
+    for e in events:
+        if e["kind"] == "bid":
+            groups[(e["auction"], _day(e["date_time"]))].append(e["price"])
+    return sorted((a, d, len(p), *(sum(_rank(x) == r for x in p) for r in range(3)), min(p),
+                   max(p), sum(p) / len(p), sum(p)) for (a, d), p in groups.items())
+
+
+# -- q18 and q19: the last bid of each bidder on an auction; an auction's top 10 --------------
+
+_Q18_BID = ("auction", "bidder", "price", "channel", "url", "date_time")
+Q19_TOP = 10
+
+
+def _bid_row(e: dict) -> tuple:
+    return tuple(e[k] for k in _Q18_BID)
+
+
+def _bidder_auction(e: dict) -> tuple:
+    return (e["bidder"], e["auction"])
+
+
+def _q18_latest(state, e):
+    """Per (bidder, auction): the bid with the latest time (ties: the largest row), emitted
+    with the number of bids seen when it becomes the latest: an updating result."""
+    n, best = state or (0, None)
+    row = _bid_row(e)
+    n += 1
+    if best is not None and (best[5], best) >= (row[5], row):
+        return (n, best), None
+    return (n, row), (n, row)
+
+
+def _q18_build(events, columnar, config):
+    return (events.filter("bids", _IsKind("bid")).key_by(_bidder_auction)
+            .stateful_map("q18-last", _q18_latest).filter("q18-changed", _has_value))
+
+
+def _has_value(keyed) -> bool:
+    return keyed[1] is not None
+
+
+def _q18_reference(events):
+    best: dict = {}
+    for e in events:
+        if e["kind"] == "bid":
+            row, k = _bid_row(e), _bidder_auction(e)
+            if k not in best or (row[5], row) > (best[k][5], best[k]):
+                best[k] = row
+    return sorted(best.values())
+
+
+def _q18_rows(out):
+    return sorted(row for _, (_, row) in _latest_per_key(out, key=lambda r: r[0],
+                                                         version=lambda r: r[1][0]))
+
+
+def _top_order(row: tuple) -> tuple:
+    return (-row[2], row[5], row)  # price descending, then earliest, then the row
+
+
+def _q19_top(state, e):
+    """Per auction: ``(bids seen, its top 10 bids)``; emits them when they change."""
+    n, top = state or (0, ())
+    row = _bid_row(e)
+    new = tuple(sorted(top + (row,), key=_top_order)[:Q19_TOP])
+    if new == top:
+        return (n + 1, top), None
+    return (n + 1, new), (n + 1, new)
+
+
+def _q19_build(events, columnar, config):
+    return (events.filter("bids", _IsKind("bid")).key_by(_auction_of)
+            .stateful_map("q19-top", _q19_top).filter("q19-changed", _has_value))
+
+
+def _q19_reference(events):
+    bids: dict[int, list] = defaultdict(list)
+    for e in events:
+        if e["kind"] == "bid":
+            bids[e["auction"]].append(_bid_row(e))
+    return sorted((rank, row) for rows in bids.values()
+                  for rank, row in enumerate(sorted(rows, key=_top_order)[:Q19_TOP], 1))
+
+
+def _q19_rows(out):
+    return sorted((rank, row) for _, (_, top) in _latest_per_key(
+        out, key=lambda r: r[0], version=lambda r: r[1][0]) for rank, row in enumerate(top, 1))
+
+
+# -- q21 and q22: channel ids, URL directories (stateless) -----------------------------------
+
+_Q21_CHANNEL_IDS = {"apple": "0", "google": "1", "facebook": "2", "baidu": "3"}
+
+
+def _url_channel_id(url: str) -> str | None:
+    import re
+
+    m = re.search(r"(&|^|\?)channel_id=([^&]*)", url)
+    return m.group(2) if m else None
+
+
+def _q21_row(e: dict) -> tuple | None:
+    channel = e["channel"].lower()
+    cid = _Q21_CHANNEL_IDS.get(channel) or _url_channel_id(e["url"])
+    if cid is None:
+        return None
+    return (e["auction"], e["bidder"], e["price"], e["channel"], cid)
+
+
+def _q21_rows_of(e: dict) -> list:
+    row = _q21_row(e) if e["kind"] == "bid" else None
+    return [] if row is None else [row]
+
+
+def _q21_build(events, columnar, config):
+    return events.flat_map("q21", _q21_rows_of)
+
+
+def _q21_reference(events):
+    return sorted(r for e in events for r in _q21_rows_of(e))
+
+
+def _split_index(text: str, sep: str, i: int) -> str | None:
+    parts = text.split(sep)
+    return parts[i] if i < len(parts) else None
+
+
+def _q22_row(e: dict) -> tuple:
+    return (e["auction"], e["bidder"], e["price"], e["channel"],
+            *(_split_index(e["url"], "/", i) for i in (3, 4, 5)))
+
+
+def _q22_build(events, columnar, config):
+    return events.filter("bids", _IsKind("bid")).map("q22", _q22_row)
+
+
+def _q22_reference(events):
+    return sorted(_q22_row(e) for e in events if e["kind"] == "bid")
+
+
 QUERIES: dict[str, Query] = {q.name: q for q in (
     Query("q0", "pass-through of the bids", _q0_build, _q0_reference, _q0_rows,
           arrow=_q0_arrow),
@@ -676,5 +1092,24 @@ QUERIES: dict[str, Query] = {q.name: q for q in (
           _q16_build, _q16_reference, _q16_rows, event_time=True),
     Query("q20", "bids expanded with their auction, for auctions of category 10", _q20_build,
           _q20_reference, _q20_rows),
+    Query("q3", "local item suggestion: category-10 auctions of sellers in OR, ID, CA",
+          _q3_build, _q3_reference, _sorted),
+    Query("q4", "average winning price per category", _q4_build, _q4_reference, _q4_rows,
+          event_time=True),
+    Query("q12", "bids per bidder per 10 s processing-time window", _q12_build,
+          _q12_reference, _q12_rows),
+    Query("q13", "bids joined with a bounded side input", _q13_build, _q13_reference,
+          _sorted, event_time=True),
+    Query("q14", "bid prices in euros between 1M and 50M, with the time of day", _q14_build,
+          _q14_reference, _sorted),
+    Query("q15", "per day: bids, bidders and auctions, by price range", _q15_build,
+          _q15_reference, _sorted, event_time=True),
+    Query("q17", "per auction and day: bids by price range, min, max, average, sum",
+          _q17_build, _q17_reference, _sorted, event_time=True),
+    Query("q18", "the last bid of each bidder on each auction", _q18_build, _q18_reference,
+          _q18_rows),
+    Query("q19", "each auction's 10 highest bids", _q19_build, _q19_reference, _q19_rows),
+    Query("q21", "bids with a channel id", _q21_build, _q21_reference, _sorted),
+    Query("q22", "bids with the directories of their URL", _q22_build, _q22_reference,
+          _sorted),
 )}
-

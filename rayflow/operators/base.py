@@ -57,6 +57,9 @@ class Output:
     dead: list[DeadLetter] = field(default_factory=list)
     side: dict[str, tuple[Items, np.ndarray | None]] = field(default_factory=dict)
     """Records for named side outputs (e.g. ``late``), with their event times."""
+    expired: int = 0
+    """Keys whose state the step removed because their time to live ran out (``ttl_s``);
+    the runtime adds them to the step's ``state_expired`` counter."""
 
 
 class Logic:

@@ -85,8 +85,8 @@ class Tile(NamedTuple):
     """
 
     key: Any
-    index: int
-    count: int
+    index: int  # type: ignore[assignment]  # a field named like tuple.index: a tile's place
+    count: int  # type: ignore[assignment]  # and tuple.count: the tiles of its image
     y: int
     x: int
     height: int
@@ -296,16 +296,16 @@ class _Filter(OperatorSpec):
     supported_borders: ClassVar[tuple] = _LINEAR_BORDERS
 
     def __post_init__(self) -> None:
-        if self.border not in self.supported_borders:
+        if self.border not in self.supported_borders:  # type: ignore[attr-defined]  # (a subclass field)
             raise ValueError(
-                f"{type(self).__name__}: border {self.border!r} is not supported; "
+                f"{type(self).__name__}: border {self.border!r} is not supported; "  # type: ignore[attr-defined]  # (a subclass field)
                 f"use one of {list(self.supported_borders)}"
             )
 
     @property
     def window(self) -> tuple[int, int]:
         """(height, width) of the window: ``ksize`` (int, or OpenCV's (width, height))."""
-        w, h = _pair(self.ksize)
+        w, h = _pair(self.ksize)  # type: ignore[attr-defined]  # (a subclass field)
         return h, w
 
     @property
@@ -326,7 +326,7 @@ class _Filter(OperatorSpec):
         if tile.halo != self.halo:
             raise ValueError(f"tile halo {tuple(tile.halo)} != filter halo {tuple(self.halo)}")
         if self.row_tail_sensitive(tile.data.dtype):
-            region = filter_tile_rows_aligned(self.apply, tile, self.border)
+            region = filter_tile_rows_aligned(self.apply, tile, self.border)  # type: ignore[attr-defined]  # (a subclass field)
             return tile._replace(data=region, halo=Halo(0, 0, 0, 0))
         # The halo already holds the right border pixels; BORDER_ISOLATED-like behaviour at
         # the tile edge does not matter because those pixels are cropped away.

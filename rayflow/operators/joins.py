@@ -46,6 +46,7 @@ from rayflow.operators.windows import (
     WindowQueue,
     _StatefulLogic,
     _times,
+    check_ttl,
 )
 
 How = Literal["inner", "left", "outer"]
@@ -94,6 +95,7 @@ class WindowJoin(OperatorSpec):
         how: ``inner``, ``left`` or ``outer``.
         left_key, right_key: each side's key function (their ``key_by``).
         clock: ProcessingTime() or EventTime(...) (then both inputs need watermarks).
+        ttl_s: remove a key's open windows after this many seconds without its records.
     """
 
     window: TumblingWindow | SlidingWindow | SessionWindow
@@ -101,8 +103,10 @@ class WindowJoin(OperatorSpec):
     left_key: Callable[[Any], Any]
     right_key: Callable[[Any], Any]
     clock: ProcessingTime | EventTime = ProcessingTime()
+    ttl_s: float | None = None
 
     def __post_init__(self):
+        check_ttl(self.ttl_s)
         if self.how not in ("inner", "left", "outer"):
             raise ValueError(f"join: how must be 'inner', 'left' or 'outer', got {self.how!r}")
         if not isinstance(self.window, (TumblingWindow, SlidingWindow, SessionWindow)):
@@ -125,8 +129,22 @@ class _WindowJoinLogic(Logic):
         if isinstance(clock, EventTime) and clock.timestamp is not None:
             clock = EventTime(timestamp=_TaggedTime(clock.timestamp))
         inner = Windowed(spec.window, _BothSides(), _Tagged(spec.left_key, spec.right_key),
-                         clock)
+                         clock, spec.ttl_s)
         self.inner = inner.build(ctx, resume_state)
+
+    @property
+    def state(self):
+        """The inner windowed aggregation's keyed state."""
+        return self.inner.state
+
+    @property
+    def now(self):
+        """The clock of ``ttl_s`` (tests replace it)."""
+        return self.inner.now
+
+    @now.setter
+    def now(self, clock):
+        self.inner.now = clock
 
     def process(self, items, event_times):
         raise TypeError(f"step {self.ctx.step_id!r}: a join takes each batch with its side "
@@ -138,7 +156,7 @@ class _WindowJoinLogic(Logic):
                 else d for d in out.dead]  # the record, without its side tag
         late = out.side.get("late")
         side = {"late": ([r for _, r in late[0]], late[1])} if late else {}
-        return Output(*self._pairs(out), dead, side)
+        return Output(*self._pairs(out), dead, side, out.expired)
 
     def _pairs(self, out: Output | None) -> tuple[list, np.ndarray | None]:
         pairs: list = []
@@ -146,7 +164,8 @@ class _WindowJoinLogic(Logic):
         how = self.spec.how
         if out is None or not out.items:
             return pairs, None
-        for r, t in zip(out.items, out.event_times.tolist()):
+        # (ignored below: the windowed inner logic stamps every output with its window's time)
+        for r, t in zip(out.items, out.event_times.tolist()):  # type: ignore[union-attr]
             lefts, rights = r.value
             before = len(pairs)
             if rights:
@@ -162,7 +181,7 @@ class _WindowJoinLogic(Logic):
         if out is None:
             return None
         items, times = self._pairs(out)
-        return Output(items, times)
+        return Output(items, times, expired=out.expired)
 
     def on_watermark(self, watermark):
         return self._wrap(self.inner.on_watermark(watermark))
@@ -193,8 +212,10 @@ class IntervalJoin(OperatorSpec):
     left_key: Callable[[Any], Any]
     right_key: Callable[[Any], Any]
     clock: EventTime = EventTime()
+    ttl_s: float | None = None
 
     def __post_init__(self):
+        check_ttl(self.ttl_s)
         for name in ("lower_s", "upper_s"):
             v = getattr(self, name)
             if not isinstance(v, (int, float)) or not math.isfinite(v):
@@ -284,12 +305,20 @@ class _IntervalLogic(_StatefulLogic):
                 self.expiry.push(t - lo, key, None)
         for skey, sides in cache.items():
             state.put(skey, sides)
+        self.touch(skey[1] for skey in cache)
         side = {"late": (late, np.asarray(late_t, dtype=np.float64))} if late else {}
-        return Output(out, np.asarray(out_t, dtype=np.float64) if out else None, dead, side)
+        return self.with_expiry(
+            Output(out, np.asarray(out_t, dtype=np.float64) if out else None, dead, side))
+
+    def drop_key(self, key):
+        self.state.delete(("__i", key))
+
+    def on_tick(self, now):
+        return self.with_expiry(None)
 
     def on_watermark(self, watermark):
         if watermark <= self.watermark:
-            return None
+            return self.with_expiry(None)
         self.watermark = watermark
         lo, hi = self.spec.lower_s, self.spec.upper_s
         # a record is dropped once nothing at or after the watermark can match it
@@ -304,7 +333,7 @@ class _IntervalLogic(_StatefulLogic):
                 self.state.put(skey, (lefts, rights))
             else:
                 self.state.delete(skey)
-        return None
+        return self.with_expiry(None)
 
     def on_end(self):
         return None

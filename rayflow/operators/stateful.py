@@ -23,7 +23,7 @@ import numpy as np
 
 from rayflow.batches import rows
 from rayflow.operators.base import OperatorSpec, Output, StepContext, describe_exception
-from rayflow.operators.windows import _StatefulLogic
+from rayflow.operators.windows import TTL, _StatefulLogic, check_ttl
 
 _DROPPED = object()
 
@@ -34,6 +34,10 @@ class StatefulMap(OperatorSpec):
 
     fn: Callable[[Any, Any], tuple[Any, Any]]
     key_fn: Callable[[Any], Any]
+    ttl_s: float | None = None  # drop a key's state after this many seconds untouched
+
+    def __post_init__(self):
+        check_ttl(self.ttl_s)
 
     def build(self, ctx: StepContext, resume_state: Any = None):
         return _StatefulMapLogic(self, ctx, resume_state)
@@ -64,7 +68,13 @@ class _StatefulMapLogic(_StatefulLogic):
         for key, value in cache.items():
             if value is _DROPPED:
                 state.delete(key)
+                if self.ttl_s is not None:
+                    state.delete((TTL, key))
             else:
                 state.put(key, value)
+        self.touch(k for k, v in cache.items() if v is not _DROPPED)
         times = None if event_times is None else np.asarray(event_times)[keep]
-        return Output(out, times, dead)
+        return self.with_expiry(Output(out, times, dead))
+
+    def on_tick(self, now):
+        return self.with_expiry(None)

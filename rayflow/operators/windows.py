@@ -295,12 +295,18 @@ class Windowed(OperatorSpec):
         aggregator: how a window's records become its value.
         key_fn: record -> key (the stream's ``key_by`` function).
         clock: ProcessingTime() or EventTime(...); ignored by count windows.
+        ttl_s: remove the state of a key that no record has touched for this many seconds
+            (processing time), its open windows with it, unfired; None: keep it.
     """
 
     windower: CountWindow | TumblingWindow | SlidingWindow | SessionWindow
     aggregator: Aggregator
     key_fn: Callable[[Any], Any]
     clock: ProcessingTime | EventTime = ProcessingTime()
+    ttl_s: float | None = None
+
+    def __post_init__(self):
+        check_ttl(self.ttl_s)
 
     @property
     def event_time(self) -> bool:
@@ -317,8 +323,24 @@ class Windowed(OperatorSpec):
         return _TimeLogic(self, ctx, resume_state)
 
 
+def check_ttl(ttl_s: Any) -> None:
+    """``ttl_s`` is None or a number of seconds > 0."""
+    if ttl_s is not None and (isinstance(ttl_s, bool) or not isinstance(ttl_s, (int, float))
+                              or not ttl_s > 0 or not math.isfinite(ttl_s)):
+        raise ValueError(f"ttl_s must be a number of seconds > 0 or None, got {ttl_s!r}")
+
+
+TTL = "__ttl"
+
+
 class _StatefulLogic(Logic):
-    def __init__(self, spec: Windowed, ctx: StepContext, resume_state: Any):
+    """Keyed state in the step's backend, checkpointed and rescaled by key, with optional
+    state expiry: with ``spec.ttl_s`` set, the time each key was last touched is kept in the
+    backend as ``("__ttl", key) -> t`` and a queue ordered by expiry time says which keys to
+    look at, so expiry costs what expires. A subclass says what a key's state is in
+    :meth:`drop_key`."""
+
+    def __init__(self, spec: Any, ctx: StepContext, resume_state: Any):
         super().__init__(ctx)
         self.spec = spec
         backend = ctx.state_backend or MemoryBackend()
@@ -327,6 +349,59 @@ class _StatefulLogic(Logic):
             self._merge_rescaled(backend, resume_state)
         else:
             self.state = backend.open(ctx.step_id, ctx.instance, ctx.job_name, resume_state)
+        self.ttl_s: float | None = getattr(spec, "ttl_s", None)
+        self.now: Callable[[], float] = time.time  # the clock of ttl_s (tests replace it)
+        self._expiry = WindowQueue()
+        self._queued: set = set()  # keys with an entry in _expiry
+        if self.ttl_s is not None:
+            for k, t in self.state.items():
+                if _is_ttl(k):
+                    self._expiry.push(t + self.ttl_s, k[1], None)
+                    self._queued.add(k[1])
+
+    # -- time to live ----------------------------------------------------------------------
+    def touch(self, keys: Any) -> None:
+        """Records of ``keys`` arrived now: their state lives another ``ttl_s``."""
+        if self.ttl_s is None:
+            return
+        now, state, queued = self.now(), self.state, self._queued
+        for key in keys:
+            state.put((TTL, key), now)
+            if key not in queued:
+                queued.add(key)
+                self._expiry.push(now + self.ttl_s, key, None)
+
+    def expire(self) -> int:
+        """Remove the state of every key untouched for ``ttl_s``; how many keys went."""
+        if self.ttl_s is None or self._expiry.peek() > (now := self.now()):
+            return 0
+        n, ttl, state = 0, self.ttl_s, self.state
+        for _, key, _ in self._expiry.pop_until(now):
+            last = state.get((TTL, key))
+            if last is None:
+                self._queued.discard(key)
+            elif last + ttl > now:  # touched since it was queued: look again later
+                self._expiry.push(last + ttl, key, None)
+            else:
+                self.drop_key(key)
+                state.delete((TTL, key))
+                self._queued.discard(key)
+                n += 1
+        return n
+
+    def with_expiry(self, out: Output | None) -> Output | None:
+        """``out`` with the keys expired now counted in it."""
+        n = self.expire()
+        if not n:
+            return out
+        if out is None:
+            return Output([], None, expired=n)
+        out.expired += n
+        return out
+
+    def drop_key(self, key: Any) -> None:
+        """Delete every state entry of ``key`` (its time to live ran out)."""
+        self.state.delete(key)
 
     def _merge_rescaled(self, backend, resumed: Rescaled) -> None:
         """Take the keys this instance owns from every old instance's snapshot; instance-wide
@@ -336,7 +411,7 @@ class _StatefulLogic(Logic):
                 continue
             src = backend.open(self.ctx.step_id, old, self.ctx.job_name, handle)
             for k, v in src.items():
-                route = self.routing_key(k)
+                route = k[1] if _is_ttl(k) else self.routing_key(k)
                 if route is _GLOBAL:
                     cur = self.state.get(k)
                     self.state.put(k, v if cur is None else max(cur, v))
@@ -361,6 +436,10 @@ class _StatefulLogic(Logic):
 
 _GLOBAL = object()
 _MISSING = object()
+
+
+def _is_ttl(state_key: Any) -> bool:
+    return isinstance(state_key, tuple) and len(state_key) == 2 and state_key[0] == TTL
 
 
 class _CountLogic(_StatefulLogic):
@@ -393,7 +472,8 @@ class _CountLogic(_StatefulLogic):
                 e[0], e[1], e[2] = 0, agg.create(), e[2] + 1
         for key, e in cache.items():
             state.put(key, tuple(e))  # keeps the key's window sequence
-        return Output(out, None, dead)
+        self.touch(cache)
+        return self.with_expiry(Output(out, None, dead))
 
     def _process_columnar(self, items, codes: np.ndarray, keys: list) -> Output | None:
         """Arrow batch keyed by a field, aggregator with ``reduce_segments``: the rows are
@@ -440,15 +520,19 @@ class _CountLogic(_StatefulLogic):
             state.put(key, (n, acc if acc is not None else agg.create(), seq))
         if len(out) > 1:
             out = [out[i] for i in np.argsort(closes, kind="stable")]
-        return Output(out, None)
+        self.touch(p[0] for p in plan)
+        return self.with_expiry(Output(out, None))
 
     def on_end(self):
         # partial count windows are emitted at end of stream, as Flink does for a final
         # watermark: nothing is dropped when a bounded input ends mid-window
         agg = self.spec.aggregator
         out = [WindowResult(k, seq, seq + 1, agg.result(acc)) for k, (n, acc, seq) in
-               self.state.items() if n]
+               ((k, v) for k, v in self.state.items() if not _is_ttl(k)) if n]
         return Output(out, None)
+
+    def on_tick(self, now):
+        return self.with_expiry(None)
 
 
 class _TimeLogic(_StatefulLogic):
@@ -468,9 +552,17 @@ class _TimeLogic(_StatefulLogic):
         self.event_time = isinstance(spec.clock, EventTime)
         self.watermark = self.state.get(self.WM, -math.inf)
         self.fired = WindowQueue()
+        # with ttl_s: each key's open windows, so an expired key's windows can be deleted
+        self._open: dict | None = {} if self.ttl_s is not None else None
         for k, _ in self.state.items():
             if isinstance(k, tuple) and len(k) == 3 and k[0] == "__w":
                 self.fired.push(k[2][1], k[1], k[2])
+                if self._open is not None:
+                    self._open.setdefault(k[1], set()).add(k[2])
+
+    def drop_key(self, key):
+        for window in (self._open or {}).pop(key, ()):
+            self.state.delete(("__w", key, window))
 
     def snapshot(self):
         self.state.put(self.WM, self.watermark)
@@ -485,25 +577,30 @@ class _TimeLogic(_StatefulLogic):
             return Output([], None, [self.dead(describe_exception(exc), items, "batch")])
         wm = self.watermark
         cache: dict = {}  # one backend read and write per window and batch
+        # the hot loop's lookups, hoisted
+        key_fn, windows_of, add, get = spec.key_fn, spec.windower.windows_of, agg.add, cache.get
+        push, open_ = self.fired.push, self._open
         for rec, t in zip(rows(items), times.tolist()):
             try:
-                key = spec.key_fn(rec)
+                key = key_fn(rec)
             except Exception as exc:  # noqa: BLE001
                 dead.append(self.dead(describe_exception(exc), rec))
                 continue
             placed = False
-            for window in spec.windower.windows_of(t):
+            for window in windows_of(t):
                 if window[1] <= wm:
                     continue  # that window has closed
                 skey = ("__w", key, window)
-                acc = cache.get(skey, _MISSING)
+                acc = get(skey, _MISSING)
                 if acc is _MISSING:
                     acc = state.get(skey)
                     if acc is None:
                         acc = agg.create()
-                        self.fired.push(window[1], key, window)
+                        push(window[1], key, window)
+                        if open_ is not None:
+                            open_.setdefault(key, set()).add(window)
                 try:
-                    cache[skey] = agg.add(acc, rec)
+                    cache[skey] = add(acc, rec)
                 except Exception as exc:  # noqa: BLE001 - user aggregator
                     dead.append(self.dead(describe_exception(exc), rec))
                     break
@@ -513,22 +610,24 @@ class _TimeLogic(_StatefulLogic):
                 late_t.append(t)
         for skey, acc in cache.items():
             state.put(skey, acc)
+        if self.ttl_s is not None:
+            self.touch({skey[1]: None for skey in cache})
         side = {"late": (late, np.asarray(late_t, dtype=np.float64))} if late else {}
         if self.event_time:
-            return Output([], None, dead, side)
+            return self.with_expiry(Output([], None, dead, side))
         out = self._fire(time.time())  # processing time: the clock is the watermark
-        return Output(out.items, out.event_times, dead, side)
+        return self.with_expiry(Output(out.items, out.event_times, dead, side))
 
     def on_watermark(self, watermark):
         if not self.event_time or watermark <= self.watermark:
-            return None
-        return self._fire(watermark)
+            return self.with_expiry(None)
+        return self.with_expiry(self._fire(watermark))
 
     def on_tick(self, now):
         if self.event_time:
-            return None
+            return self.with_expiry(None)
         out = self._fire(now)
-        return out if out.items else None
+        return self.with_expiry(out if out.items else None)
 
     def on_end(self):
         return self._fire(math.inf)
@@ -543,6 +642,10 @@ class _TimeLogic(_StatefulLogic):
             if acc is not None:
                 out.append(WindowResult(key, window[0], window[1], agg.result(acc)))
                 self.state.delete(skey)
+                if self._open is not None and key in self._open:
+                    self._open[key].discard(window)
+                    if not self._open[key]:
+                        del self._open[key]
         return Output(out, result_times(out))
 
 
@@ -607,11 +710,15 @@ class _SessionLogic(_TimeLogic):
         for skey, sessions in cache.items():
             if sessions:
                 state.put(skey, tuple(sessions))
+        self.touch(skey[1] for skey in cache)
         side = {"late": (late, np.asarray(late_t, dtype=np.float64))} if late else {}
         if self.event_time:
-            return Output([], None, dead, side)
+            return self.with_expiry(Output([], None, dead, side))
         out = self._fire(time.time())
-        return Output(out.items, out.event_times, dead, side)
+        return self.with_expiry(Output(out.items, out.event_times, dead, side))
+
+    def drop_key(self, key):
+        self.state.delete(("__s", key))
 
     def _fire(self, watermark: float) -> Output:
         if watermark > self.watermark:

@@ -35,6 +35,54 @@ def unwrap(exc: BaseException) -> BaseException:
     return exc
 
 
+def window_calls(max_calls: int, target_s: float, service_s: float) -> int:
+    """How many calls a channel may have in flight: ``max_calls``, fewer when the receiver
+    takes long per call, so that at most about ``target_s`` of work waits there (and a
+    barrier behind it waits no longer); at least 2, so the receiver never idles between
+    calls.
+
+        >>> window_calls(16, 0.25, 0.001), window_calls(16, 0.25, 0.05), window_calls(16, 0.25, 1.0)
+        (16, 5, 2)
+        >>> window_calls(16, 0.0, 1.0)  # debloating off
+        16
+    """
+    if target_s <= 0 or service_s <= 0:
+        return max_calls
+    return max(2, min(max_calls, int(target_s / service_s)))
+
+
+class BatchSizer:
+    """How many records a source puts in one batch: at most ``batch_size``, and at most what
+    the job moves in about half of ``target_s`` (its rate over the last half second), so
+    that one batch costs each step a fraction of the channel target, and a barrier behind a
+    few batches still passes quickly. Pure: the source loop feeds it what it sent.
+
+        >>> s = BatchSizer(16384, 0.25, now=0.0)
+        >>> s.limit
+        16384
+        >>> s.sent(16384, now=0.2), s.sent(16384, now=1.0)   # 32768 records in 1 s
+        (16384, 4096)
+        >>> BatchSizer(16384, 0.0, now=0.0).sent(10, now=5.0)  # no target: fixed
+        16384
+    """
+
+    WINDOW_S = 0.5
+
+    def __init__(self, batch_size: int, target_s: float, now: float):
+        self.batch_size, self.target_s = batch_size, target_s
+        self.limit = batch_size
+        self._t0, self._rows = now, 0
+
+    def sent(self, rows: int, now: float) -> int:
+        """``rows`` left in one batch at ``now``; returns the limit for the next one."""
+        self._rows += rows
+        if self.target_s > 0 and now - self._t0 >= self.WINDOW_S:
+            rate = self._rows / (now - self._t0)
+            self.limit = max(1, min(self.batch_size, int(rate * self.target_s / 2)))
+            self._t0, self._rows = now, 0
+        return self.limit
+
+
 @dataclass
 class _Channel:
     handle: Any
@@ -43,6 +91,7 @@ class _Channel:
     window: deque = field(default_factory=deque)  # (ref, nbytes)
     bytes: int = 0
     seq: int = 0  # messages sent: the receiver restores their order (see StepHost.push)
+    service_s: float = 0.0  # seconds the receiver takes per call of this channel (EWMA)
 
 
 class Emitter:
@@ -50,9 +99,10 @@ class Emitter:
 
     def __init__(self, source: tuple[str, int], edges: list[OutEdge],
                  handles: dict[str, list[Any]], max_bytes: int, max_calls: int,
-                 local: dict | None = None):
+                 local: dict | None = None, target_s: float = 0.0):
         self.source = source
         self.max_bytes, self.max_calls = max_bytes, max_calls
+        self.target_s = target_s
         local = local or {}
         self.edges = [
             (e, [_Channel(handles[e.downstream][t], (e.downstream, t),
@@ -80,6 +130,7 @@ class Emitter:
                 continue
             kind = edge.partitioning
             if kind == "hash" and len(chans) > 1:
+                assert edge.key_fn is not None, "key_by() makes a hash edge with its key"
                 groups = partition_indices(batch.items, edge.key_fn, len(chans))
                 for chan, idx in zip(chans, groups):
                     if len(idx):
@@ -147,12 +198,18 @@ class Emitter:
         # retire finished calls first: cheap, and surfaces downstream errors early
         while chan.window and self._complete_oldest(chan, block=False):
             pass
-        if chan.window and (len(chan.window) >= self.max_calls
-                            or chan.bytes + size > self.max_bytes):
-            t0 = time.perf_counter()
-            while chan.window and (len(chan.window) >= self.max_calls
+        calls = window_calls(self.max_calls, self.target_s, chan.service_s)
+        if chan.window and (len(chan.window) >= calls or chan.bytes + size > self.max_bytes):
+            t0 = t = time.perf_counter()
+            while chan.window and (len(chan.window) >= calls
                                    or chan.bytes + size > self.max_bytes):
                 self._complete_oldest(chan, block=True)
+                # waiting on a full window, each completion shows the receiver's pace
+                now = time.perf_counter()
+                chan.service_s = now - t if not chan.service_s else \
+                    0.7 * chan.service_s + 0.3 * (now - t)
+                t = now
+                calls = window_calls(self.max_calls, self.target_s, chan.service_s)
             self.backpressure_s += time.perf_counter() - t0
         ref = chan.handle.push.remote(msg, self.source, chan.seq, chan.target)
         chan.seq += 1

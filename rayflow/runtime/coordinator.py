@@ -16,7 +16,8 @@ from rayflow.checkpoint import Abort, Complete, CompletedCheckpoint, Coordinator
 log = logging.getLogger(__name__)
 
 
-@ray.remote(num_cpus=0, max_concurrency=4, max_restarts=0)
+# (Ray's overloads of remote() omit max_concurrency)
+@ray.remote(num_cpus=0, max_concurrency=4, max_restarts=0)  # type: ignore[call-overload]
 class CoordinatorActor:
     """Runs the pure coordinator for a job: triggers checkpoints at the sources, collects
     acks, writes each completed checkpoint to the durable store *before* it tells the sinks
@@ -30,8 +31,10 @@ class CoordinatorActor:
     def __init__(self, interval_s: float, timeout_s: float, tick_s: float = 0.05,
                  store_root: str | None = None, meta: dict | None = None,
                  durable_positions: bool = False):
+        from rayflow._log import worker_logging
         from rayflow.checkpoint_store import CheckpointStore
 
+        worker_logging()  # its log lines reach Ray's worker logs
         self.interval_s, self.timeout_s, self.tick_s = interval_s, timeout_s, tick_s
         self.lock = threading.Lock()
         self.core: Coordinator | None = None
@@ -46,6 +49,7 @@ class CoordinatorActor:
         self.meta = dict(meta or {})
         self.durable_positions = durable_positions and self.store is not None
         self._running = True
+        self.paused = False  # a failover region is restarting: no checkpoint starts
         self.enumerators: dict[str, Any] = {}  # source step -> SplitEnumerator
         self.split_lock = threading.Lock()  # not self.lock: a checkpoint must not delay reads
         threading.Thread(target=self._loop, daemon=True).start()
@@ -61,9 +65,35 @@ class CoordinatorActor:
             self.hosts = dict(hosts)
             self.sources = {k: hosts[k] for k in sources}
             self.restore_point = {"latest": latest, "next_id": first_id}
+            self.paused = False
             if positions:
                 self.positions.update(positions)
         return True
+
+    def restart_region(self, tasks: list) -> dict | None:
+        """A failover region (``tasks``) restarts from the last completed checkpoint while
+        the other tasks go on: abort what is in flight, start no checkpoint until
+        :meth:`resume_region` hands over the region's new hosts, and return what the region
+        restores (as :meth:`detach` does). None when detached: the whole job recovers."""
+        with self.lock:
+            if self.core is None:
+                return None
+            self._do(self.core.restart(set(map(tuple, tasks)), time.time()))
+            self.paused = True
+            return {"latest": self.core.latest, "next_id": self.core.next_id,
+                    "positions": dict(self.positions)}
+
+    def resume_region(self, hosts: dict, sources: list) -> bool:
+        """The restarted region's hosts are up: coordinate them with the others."""
+        with self.lock:
+            if self.core is None:
+                return False
+            self.hosts.update(hosts)
+            for k in hosts:
+                self.sources.pop(k, None)
+            self.sources.update({k: hosts[k] for k in sources})
+            self.paused = False
+            return True
 
     def detach(self) -> dict:
         """Stop coordinating (a failure): abort what is in flight; return what to restore."""
@@ -90,10 +120,12 @@ class CoordinatorActor:
             if self.core is not None:
                 self._do(self.core.task_finished(task, time.time(), handle, drained))
 
-    def set_enumerators(self, enumerators: dict[str, Any]) -> bool:
-        """The split enumerators of the source steps (replaced at each start or recovery)."""
+    def set_enumerators(self, enumerators: dict[str, Any], merge: bool = False) -> bool:
+        """The split enumerators of the source steps (replaced at each start or recovery;
+        with ``merge``, only those of the steps given: a region's restart)."""
         with self.split_lock:
-            self.enumerators = dict(enumerators)
+            self.enumerators = {**self.enumerators, **enumerators} if merge else \
+                dict(enumerators)
         return True
 
     def assign_splits(self, step_id: str, instance: int) -> list | None:
@@ -106,14 +138,14 @@ class CoordinatorActor:
         job has a store: a new coordinator must never replay what already left)."""
         self.positions[task] = pos
         if self.durable_positions:
-            self.store.write_position(task, pos)
+            self.store.write_position(task, pos)  # type: ignore[union-attr]  # (durable: a store)
 
     def request_savepoint(self) -> int | str | None:
         """Start a savepoint now: its id; None while another checkpoint is in flight (ask
         again); a string when none can be taken."""
         with self.lock:
             core = self.core
-            if core is None:
+            if core is None or self.paused:
                 return None  # failing or recovering: the supervisor attaches new tasks
             if core.done:
                 return "the job has finished"
@@ -165,7 +197,7 @@ class CoordinatorActor:
                 except Exception:  # noqa: BLE001 - removed after the job finished
                     pass
             with self.lock:
-                if self.core is not None:
+                if self.core is not None and not self.paused:
                     self._do(self.core.tick(time.time()))
 
     def _do(self, actions: list) -> None:
@@ -188,7 +220,7 @@ class CoordinatorActor:
                         self.error = (f"checkpoint {act.checkpoint_id} could not be written "
                                       f"to {self.store.root}: {type(exc).__name__}: {exc}")
                         continue
-                log.info("checkpoint %d complete%s", act.checkpoint_id,
+                log.debug("checkpoint %d complete%s", act.checkpoint_id,
                          " (final)" if chk is not None and chk.final else "")
                 self.outcomes[act.checkpoint_id] = "completed"
                 # one call per actor: chained instances share one, which notifies them all

@@ -16,6 +16,7 @@ snapshots its state, acknowledges to the coordinator and forwards the barrier.
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import time
 from collections import deque
@@ -24,6 +25,7 @@ from typing import Any
 import numpy as np
 import ray
 
+from rayflow._log import worker_logging
 from rayflow.batches import (
     Barrier,
     Batch,
@@ -39,7 +41,7 @@ from rayflow.config import RayflowConfig, StreamOptions, set_current
 from rayflow.connectors.base import FINAL_EPOCH, SinkSpec
 from rayflow.dataflow import Step
 from rayflow.errors import START_UP, StepError
-from rayflow.metrics import LatencyRecorder, StepCounters
+from rayflow.metrics import LatencyRecorder, StepCounters, StepExporter, handle_bytes
 from rayflow.operators.base import DeadLetter, Output, StepContext, describe_exception
 from rayflow.operators.watermarks import (
     InputWatermarks,
@@ -47,10 +49,13 @@ from rayflow.operators.watermarks import (
     SplitWatermarks,
     split_position,
 )
-from rayflow.runtime.channel import Emitter, unwrap
+from rayflow.runtime.alignment import Aligned, BarrierAligner
+from rayflow.runtime.channel import BatchSizer, Emitter, unwrap
 from rayflow.runtime.plan import OutEdge
 
 MAX_KEPT_DEAD_LETTERS = 10_000
+
+log = logging.getLogger(__name__)
 
 
 class StepTask:
@@ -77,11 +82,10 @@ class StepTask:
         self._error: BaseException | None = None
         self._inputs: list[tuple[str, int]] = []
         self._finished_inputs: set[tuple[str, int]] = set()
-        self._blocked: set[tuple[str, int]] = set()
+        self._align = BarrierAligner(())
         self._held: deque = deque()  # (msg, sender) of blocked inputs, in arrival order
         self._next_seq: dict[tuple[str, int], int] = {}  # per input channel
         self._early: dict[tuple[str, int], dict[int, Any]] = {}  # arrived before their turn
-        self._aligning: Barrier | None = None
         self._trigger: Barrier | None = None
         self._drain = True  # end of stream flushes open windows, unless after a savepoint
         self._ended = False  # end of stream handled (a committing sink may still hold data)
@@ -92,7 +96,7 @@ class StepTask:
         self._snapshots: list[tuple[int, Any]] = []  # this instance's, not yet subsumed
         self._acks: list = []  # acks sent to the coordinator and maybe not yet handled
         self.emitter: Emitter | None = None
-        self._ray_metrics = _RayMetrics(ctx)
+        self._exporter = StepExporter(ctx.job_name, ctx.step_id, ctx.instance)
         self._strategy = getattr(step, "watermarks", None)  # sources: EventTime or None
         self._wm_gen: SplitWatermarks | None = None
         self._valve: InputWatermarks | None = None
@@ -114,8 +118,10 @@ class StepTask:
     def connect(self, edges: list[OutEdge], handles: dict[str, list[Any]],
                 inputs: list[tuple[str, int]], local: dict[tuple[str, int], StepTask]):
         self.emitter = Emitter((self.ctx.step_id, self.ctx.instance), edges, handles,
-                               self.opts.channel_bytes, self.opts.channel_calls, local)
+                               self.opts.channel_bytes, self.opts.channel_calls, local,
+                               self.opts.channel_target_s)
         self._inputs = list(inputs)
+        self._align = BarrierAligner(self._inputs)
         self._valve = InputWatermarks(self._inputs)
         return True
 
@@ -128,7 +134,9 @@ class StepTask:
         is in flight downstream. Low rates get low latency; high rates get big batches.
         """
         reader, emitter, c = self.reader, self.emitter, self.counters
-        batch_size, linger_s = self.opts.batch_size, self.opts.linger_ms / 1000.0
+        linger_s = self.opts.linger_ms / 1000.0
+        sizer = BatchSizer(self.opts.batch_size, self.opts.channel_target_s, time.monotonic())
+        batch_size = sizer.limit
         at_most_once = self.ctx.guarantee == "at_most_once" and self.coordinator is not None
         parts: list = []
         times: list = []
@@ -165,12 +173,16 @@ class StepTask:
                         # a restart never replays them
                         ray.get(self.coordinator.position.remote(self._key(), reader.snapshot()))
                     self._emit_parts(parts, times, in_time)
+                    batch_size = sizer.sent(pending, time.monotonic())
                     parts, times, pending = [], [], 0
                     if gen is not None:
                         self._advance_watermark()
                 if barrier is not None:
                     self._trigger = None
-                    self._ack(barrier.checkpoint_id, self._position())
+                    t1 = time.perf_counter()
+                    pos = self._position()
+                    self._checkpointed(barrier.checkpoint_id, pos, time.perf_counter() - t1)
+                    self._ack(barrier.checkpoint_id, pos)
                     emitter.emit_control(barrier)
                     if barrier.stop_after:
                         self._drain = False
@@ -198,6 +210,7 @@ class StepTask:
         finally:
             self._sync_emitter()
             reader.close()
+            self._export(final=True)
             self._done.set()
         return self.counters.as_dict()
 
@@ -213,7 +226,7 @@ class StepTask:
             raise ValueError(
                 f"source {self.ctx.step_id!r}: watermarks=EventTime() needs event times, and "
                 f"{type(self.step.spec).__name__} gives none: pass EventTime(timestamp=...)")
-        gen, now = self._wm_gen, time.monotonic()
+        gen, now = self._wm_gen, self._poll_clock()
         gen.set_splits(_splits(self.reader), now)
         gen.observe(_record_splits(self.reader), ev, now)
         wake = gen.wake()
@@ -221,8 +234,15 @@ class StepTask:
             self.emitter.emit_control(wake)
         return ev
 
+    def _poll_clock(self) -> float:
+        """The source's clock for split idleness: wall time less the time it could not poll
+        (blocked on a full channel, or inside its chained steps), so that a source held back
+        by a slow job does not find its splits idle and make their records late."""
+        em = self.emitter
+        return time.monotonic() - (em.backpressure_s + em.chained_s if em is not None else 0.0)
+
     def _advance_watermark(self) -> None:
-        now = time.monotonic()
+        now = self._poll_clock()
         self._wm_gen.set_splits(_splits(self.reader), now)
         msg = self._wm_gen.advance(now)
         if msg is not None:
@@ -245,7 +265,7 @@ class StepTask:
         n = num_rows(items)
         self.counters.records_out += n
         self.emitter.emit(Batch(items, ev, in_time))
-        self._ray_metrics.batch(n)
+        self._export()
 
     # -- data path -----------------------------------------------------------------------
     def push(self, msg: Any, sender: tuple[str, int], seq: int) -> None:
@@ -265,7 +285,7 @@ class StepTask:
                 return
             while True:
                 self._next_seq[sender] = seq + 1
-                if sender in self._blocked:
+                if self._align.is_blocked(sender):
                     self._held.append((msg, sender))
                 else:
                     self._handle(msg, sender)
@@ -294,8 +314,7 @@ class StepTask:
                 # a finished input no longer holds event time back (after a savepoint stop
                 # nothing may fire: the open windows are in the savepoint)
                 self._forward_watermark(self._valve.finish(sender))
-            if self._aligning is not None:
-                self._maybe_aligned()
+            self._aligned(self._align.on_end(sender))
             if len(self._finished_inputs) >= len(self._inputs):
                 self._on_eos()
 
@@ -321,13 +340,14 @@ class StepTask:
                                                        batch.items, batch.event_times),
                               batch.in_time)
         c.busy_s += time.perf_counter() - t0 - (self.emitter.chained_s - ch0)
-        self._ray_metrics.batch(n)
+        self._export()
 
     def _emit_output(self, out: Output | None, in_time: float) -> None:
         if out is None:
             return
         if out.dead:
             self._dead_letters(out.dead)
+        self.counters.state_expired += out.expired
         m = num_rows(out.items)
         self.counters.records_out += m
         if m:
@@ -365,28 +385,24 @@ class StepTask:
 
     # -- checkpoints ---------------------------------------------------------------------
     def _on_barrier(self, barrier: Barrier, sender: tuple[str, int]) -> None:
-        if self._aligning is None:
-            self._aligning = barrier
-        self._blocked.add(sender)
-        self._maybe_aligned()
+        self._aligned(self._align.on_barrier(barrier, sender))
 
-    def _maybe_aligned(self) -> None:
-        live = set(self._inputs) - self._finished_inputs
-        if not live <= self._blocked:
-            return
-        barrier = self._aligning
-        self._aligning = None
-        self._snapshot(barrier)
-        self._blocked.clear()
-        held, self._held = self._held, deque()
-        for msg, sender in held:  # replay what the blocked inputs sent meanwhile, in order
-            if sender in self._blocked:
-                self._held.append((msg, sender))
-            else:
-                self._handle(msg, sender)
+    def _aligned(self, actions: list) -> None:
+        """Carry out the aligner's decisions: snapshot an aligned checkpoint, and release
+        the inputs it held, replaying what they sent meanwhile, in order."""
+        for act in actions:
+            if isinstance(act, Aligned):
+                self._snapshot(act.barrier)
+            held, self._held = self._held, deque()
+            for msg, sender in held:
+                if self._align.is_blocked(sender):  # blocked again by a newer barrier
+                    self._held.append((msg, sender))
+                else:
+                    self._handle(msg, sender)
 
     def _snapshot(self, barrier: Barrier) -> None:
         cid = barrier.checkpoint_id
+        t0 = time.perf_counter()
         if self.step.kind == "sink":
             with self._lock:
                 handle = self.writer.snapshot(cid)
@@ -395,6 +411,7 @@ class StepTask:
             if handle is not None:
                 with self._lock:
                     self._snapshots.append((cid, handle))
+        self._checkpointed(cid, handle, time.perf_counter() - t0)
         self._ack(cid, handle)
         if self.step.kind != "sink":
             self.emitter.emit_control(barrier)
@@ -467,7 +484,7 @@ class StepTask:
             self.emitter.drain()
         if self._dead_writer is not None:
             self._dead_writer.flush()
-        self._sync_emitter()
+        self._export(final=True)
         self._ended = True
         if self.coordinator is not None:
             self._task_finished(handle)
@@ -479,6 +496,8 @@ class StepTask:
             d = dead[0]
             raise StepError(d.step_id, d.instance, brief(d.record), d.reason)
         self.counters.dead_letters += len(dead)
+        log.info("step %r instance %d: %d dead letter%s (first: %s)", self.ctx.step_id,
+                 self.ctx.instance, len(dead), "" if len(dead) == 1 else "s", dead[0].reason)
         room = MAX_KEPT_DEAD_LETTERS - len(self.kept_dead)
         if room > 0:
             self.kept_dead.extend(dead[:room])
@@ -497,6 +516,22 @@ class StepTask:
             self.counters.backpressure_s = self.emitter.backpressure_s
             self.counters.batches_out = self.emitter.batches_out
             self.counters.bytes_out = self.emitter.bytes_out
+
+    def _checkpointed(self, checkpoint_id: int, handle: Any, duration_s: float) -> None:
+        size = handle_bytes(handle)
+        c = self.counters
+        c.checkpoints += 1
+        c.checkpoint_s += duration_s
+        c.checkpoint_bytes += size
+        self._exporter.checkpoint(duration_s, size)
+        log.debug("step %r instance %d: snapshot for checkpoint %d, %d bytes in %.3f s",
+                  self.ctx.step_id, self.ctx.instance, checkpoint_id, size, duration_s)
+
+    def _export(self, final: bool = False) -> None:
+        """Counters to Ray's metrics: at most once per export interval, and at the end."""
+        if final or self._exporter.due():
+            self._sync_emitter()
+            self._exporter.export(self.counters, self.latency)
 
     # -- control -------------------------------------------------------------------------
     def stop(self) -> None:
@@ -520,6 +555,7 @@ class StepTask:
     def final(self) -> dict:
         """Everything the driver keeps after the run."""
         self._sync_emitter()
+        self._export(final=True)
         return {
             "counters": self.counters.as_dict(),
             "latency": self.latency.samples(),
@@ -530,7 +566,8 @@ class StepTask:
 
 
 
-@ray.remote(concurrency_groups={"data": 1, "control": 2})
+# (Ray's overloads of remote() omit concurrency_groups)
+@ray.remote(concurrency_groups={"data": 1, "control": 2})  # type: ignore[call-overload]
 class StepHost:
     """The actor of one chain of step instances: its head (a source, or an instance fed by
     other actors) and the instances chained to it, which take their input from the previous
@@ -545,6 +582,7 @@ class StepHost:
                  dead_letter_sink: SinkSpec | None = None, coordinator: Any = None,
                  tick_s: float = 0.2, config: RayflowConfig | None = None):
         set_current(config)  # what code inside the steps reads: the job's, not this node's
+        worker_logging()
         self.tasks: dict[tuple[str, int], StepTask] = {}
         # A step that fails to build (no such topic, no broker, no directory) must not kill
         # the actor: Ray would report a dead actor with the cause deep in its tracebacks.
@@ -561,7 +599,8 @@ class StepHost:
         self.head = next(iter(self.tasks.values()), None)
 
     def _task(self, key: tuple[str, int] | None) -> StepTask:
-        return self.head if key is None else self.tasks[tuple(key)]
+        # (a key comes back from Ray as a list; a built actor has a head)
+        return self.head if key is None else self.tasks[tuple(key)]  # type: ignore[return-value,index]
 
     def connect(self, outputs: dict, handles: dict[str, list[Any]], inputs: dict) -> bool:
         if self.start_error is not None:
@@ -634,32 +673,3 @@ def _record_splits(reader: Any) -> Any:
 def _dead_json(d: DeadLetter) -> bytes:
     return json.dumps({"step_id": d.step_id, "instance": d.instance, "reason": d.reason,
                        "where": d.where, "record": brief(d.record, 2000)}).encode()
-
-
-class _RayMetrics:
-    """Counters exported through ``ray.util.metrics`` (shown by the Ray dashboard)."""
-
-    def __init__(self, ctx: StepContext):
-        self.tags = {"step_id": ctx.step_id, "instance": str(ctx.instance)}
-        try:
-            from ray.util.metrics import Counter
-
-            keys = ("step_id", "instance")
-            self.records = Counter("rayflow_records", "records processed by a step", keys)
-            self.batches = Counter("rayflow_batches", "batches processed by a step", keys)
-        except Exception:  # noqa: BLE001 - metrics are optional
-            self.records = None
-        self._pending = 0
-        self._pending_batches = 0
-        self._last = time.monotonic()
-
-    def batch(self, n: int) -> None:
-        # exporting per batch costs more than the batch on tiny ones: aggregate for 1 s
-        self._pending += n
-        self._pending_batches += 1
-        now = time.monotonic()
-        if self.records is not None and now - self._last > 1.0:
-            self.records.inc(self._pending, self.tags)
-            self.batches.inc(self._pending_batches, self.tags)
-            self._pending = self._pending_batches = 0
-            self._last = now

@@ -44,7 +44,9 @@ class Job:
         self.hosts: dict[tuple[str, int], Any] = {}
         self._runs: dict[Any, tuple[str, int]] = {}
         self._finals: dict[tuple[str, int], dict] = {}
-        self.started_at = self.ready_at = self.finished_at = None
+        self.started_at: float | None = None
+        self.ready_at: float | None = None
+        self.finished_at: float | None = None
         self.coordinator: Any = None
         self.run_id = uuid.uuid4().hex[:12]  # one per run; recoveries keep it
         self.recoveries: list[dict] = []
@@ -54,6 +56,8 @@ class Job:
         self._ended = threading.Event()  # the supervisor is done (finished, failed, cancelled)
         self._cancelled = False
         self._stop_requested = False
+        self._coupled: set[str] = set()  # source steps whose readers share an enumerator
+        self._sink_waits: dict[tuple[str, int], tuple[Any, Any]] = {}  # key -> (actor, ref)
 
     # -- lifecycle -----------------------------------------------------------------------
     def start(self, resume_from: Any = None) -> Job:
@@ -134,17 +138,18 @@ class Job:
         chk = self.config.checkpoint
         # beside the driver (soft affinity): it should outlive the loss of a worker node
         here = ray.get_runtime_context().get_node_id()
-        return CoordinatorActor.options(
+        return CoordinatorActor.options(  # type: ignore[attr-defined]  # (added by ray.remote)
             scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=True),
         ).remote(chk.interval_s, chk.timeout_s, store_root=self.store_root, meta=self._meta(),
                  durable_positions=chk.processing_guarantee == "at_most_once")
 
     def _spawn(self, latest: Any, first_id: int, positions: dict, fresh_state: bool = False,
-               recovering: bool = False) -> None:
-        """Build, wire and start every instance. ``fresh_state``: operators and sinks start
-        empty (at-most-once recovery: the sources resume past what already left, so old
-        state would emit records a second time). While ``recovering``, a failure is raised
-        as it is, for the supervisor to try again."""
+               recovering: bool = False, only: frozenset | None = None) -> None:
+        """Build, wire and start every instance (``only`` those of one failover region; the
+        others run on). ``fresh_state``: operators and sinks start empty (at-most-once
+        recovery: the sources resume past what already left, so old state would emit
+        records a second time). While ``recovering``, a failure is raised as it is, for the
+        supervisor to try again."""
         import ray
 
         from rayflow.runtime.coordinator import SplitClient
@@ -158,10 +163,14 @@ class Job:
         old_par = Counter(s for s, _ in handles_in)
         spread = _spread_nodes() if opts.scheduling_strategy == "SPREAD" else []
         built: dict[tuple[str, int], tuple] = {}  # instance -> (step, ctx, resume)
-        enumerators = self._enumerators(handles_in, positions)
+        enumerators = self._enumerators(handles_in, positions, only)
+        if only is None:
+            self._coupled = set(enumerators)
         # before any reader is built: a reader asks for its first splits as it is built
-        ray.get(self.coordinator.set_enumerators.remote(enumerators))
+        ray.get(self.coordinator.set_enumerators.remote(enumerators, only is not None))
         for key in self.plan.instances():
+            if only is not None and key not in only:
+                continue
             step_id, i = key
             step = steps[step_id]
             ctx = StepContext(step_id, i, step.parallelism, self.flow.name, backend,
@@ -178,7 +187,7 @@ class Job:
             elif fresh_state and step.kind != "source":
                 resume = None
             built[key] = (step, ctx, resume)
-        members = self._members()
+        members = {h: ks for h, ks in self._members().items() if only is None or h in only}
         for n, (head, keys) in enumerate(members.items()):
             step = steps[head[0]]
             # per-step overrides (e.g. .map(..., actor_num_cpus=1) for a heavy step, so the
@@ -197,7 +206,7 @@ class Job:
                 # the job's), e.g. glibc malloc settings for a step that moves large buffers
                 extra["runtime_env"] = {"env_vars": {k: str(v) for k, v in
                                                      step.options["actor_env"].items()}}
-            actor = StepHost.options(
+            actor = StepHost.options(  # type: ignore[attr-defined]  # (added by ray.remote)
                 num_cpus=step.options.get("actor_num_cpus", opts.actor_num_cpus),
                 scheduling_strategy=strategy, **extra,
             ).remote([built[k] for k in keys], opts, self.flow.dead_letter_sink,
@@ -207,7 +216,8 @@ class Job:
         handles: dict[str, list[Any]] = defaultdict(list)
         for key in self.plan.instances():
             handles[key[0]].append(self.hosts[key])
-        sources = [k for k in self.hosts if steps[k[0]].kind == "source"]
+        sources = [k for k in self.hosts if steps[k[0]].kind == "source" and
+                   (only is None or k in only)]
         # tasks that flushed before the failure must not flush again when restored
         done_before = set(latest.drained) if latest is not None else set()
         try:
@@ -220,14 +230,21 @@ class Job:
                     {k: self.plan.inputs[k] for k in keys})
                 for head, keys in members.items()
             ] + [self.coordinator.attach.remote(dict(self.hosts), sources, first_id, latest,
-                                                positions)])
+                                                positions) if only is None else
+                 self.coordinator.resume_region.remote({k: self.hosts[k] for k in only},
+                                                       sources)])
         except Exception as exc:  # noqa: BLE001 - a step failed to build (bad config, no topic)
             if recovering:
                 raise unwrap(exc) from None
             self._fail_start(self._start_error(exc, members))
-        self._runs = {self.hosts[k].run.remote(): k for k in sources}
+        if only is None:
+            self._runs = {}
+        else:
+            self._runs = {r: k for r, k in self._runs.items() if k not in only}
+        self._runs.update({self.hosts[k].run.remote(): k for k in sources})
 
-    def _enumerators(self, handles_in: dict, positions: dict) -> dict[str, Any]:
+    def _enumerators(self, handles_in: dict, positions: dict,
+                     only: frozenset | None = None) -> dict[str, Any]:
         """Each source step's SplitEnumerator (if its spec makes one), rebuilt from what its
         readers finished: the checkpoint's snapshots, or at-most-once positions, which are
         recorded before each batch leaves and exist even when no checkpoint completed."""
@@ -236,6 +253,8 @@ class Job:
             make = getattr(step.spec, "enumerator", None)  # absent: not derived from SourceSpec
             if step.kind != "source" or make is None:
                 continue
+            if only is not None and (step.step_id, 0) not in only:
+                continue  # its readers run on: the region holds all of a step's or none
             keys = sorted({k for k in [*handles_in, *positions] if k[0] == step.step_id})
             try:
                 enum = make(step.parallelism, [split_position(positions.get(k, handles_in.get(k)))[0]
@@ -289,6 +308,9 @@ class Job:
         log.info("job %r: recovering (%d of at most %d) after %s", self.flow.name,
                  len(self.recoveries), self.config.checkpoint.max_restarts,
                  self.recoveries[-1]["cause"])
+        region = self._failed_region()
+        if region is not None and self._recover_region(region, t0):
+            return
         restore = None
         try:
             restore = ray.get(self.coordinator.detach.remote(), timeout=30)
@@ -299,7 +321,7 @@ class Job:
         # that): an old sink that is still alive could commit an epoch the new sink commits too
         self._teardown(keep_coordinator=restore is not None)
         if restore is None:
-            store = CheckpointStore(self.store_root)
+            store = CheckpointStore(self.store_root)  # type: ignore[arg-type]  # (set by start)
             latest = store.latest()
             if latest is None or (self._latest is not None and
                                   self._latest.checkpoint_id > latest.checkpoint_id):
@@ -321,10 +343,82 @@ class Job:
         log.info("job %r: recovered from checkpoint %s in %.2f s", self.flow.name,
                  self.recoveries[-1]["restored_checkpoint"], time.time() - t0)
 
+    def _failed_region(self) -> frozenset | None:
+        """The failover region to restart: the regions of the instances whose actor died,
+        when that is not every instance; None for a full restart (the strategy says so, the
+        coordinator is gone, or which actors died cannot be told)."""
+        import ray
+
+        if self.config.checkpoint.failover_strategy != "region" or not self.hosts:
+            return None
+        from rayflow.runtime.plan import regions
+
+        parts = regions(self.plan, self._coupled)  # readers sharing an enumerator: one region
+        if len(parts) < 2:
+            return None
+        probes = {h._actor_id: (h, h.__ray_ready__.remote()) for h in self.actors()}
+        probes["coordinator"] = (None, self.coordinator.__ray_ready__.remote())
+        dead: set = set()
+        for aid, (_, ref) in probes.items():
+            try:
+                ray.get(ref, timeout=10)
+            except ray.exceptions.RayActorError:
+                if aid == "coordinator":
+                    return None
+                dead.add(aid)
+            except Exception:  # noqa: BLE001 - unresponsive: cannot tell, restart all
+                return None
+        failed = {k for k, h in self.hosts.items() if h._actor_id in dead}
+        if not failed:
+            return None
+        region = frozenset().union(*(r for r in parts if r & failed))
+        return None if len(region) == len(self.hosts) else region
+
+    def _recover_region(self, region: frozenset, t0: float) -> bool:
+        """Restart only ``region`` from the last completed checkpoint while the rest of the
+        job runs on (Flink's region failover): no record crosses between regions, so each
+        region's progress since the checkpoint stands on its own. False if the coordinator
+        cannot take part (the caller then restarts everything)."""
+        import ray
+
+        try:
+            restore = ray.get(self.coordinator.restart_region.remote(sorted(region)),
+                              timeout=30)
+        except Exception:  # noqa: BLE001 - the coordinator is gone
+            return False
+        if restore is None:
+            return False
+        old = {h._actor_id: h for k, h in self.hosts.items() if k in region}
+        for h in old.values():
+            try:
+                ray.kill(h, no_restart=True)
+            except Exception:  # noqa: BLE001 - already gone
+                pass
+        _wait_dead(list(old.values()), timeout_s=30.0)
+        for k in region:
+            self.hosts.pop(k, None)
+        latest = restore["latest"]
+        if latest is not None:
+            self._latest = latest
+        at_most_once = self.config.checkpoint.processing_guarantee == "at_most_once"
+        rec = self.recoveries[-1]
+        rec["restored_checkpoint"] = latest.checkpoint_id if latest else None
+        rec["region"] = sorted(region)
+        self._spawn(latest, restore["next_id"], restore["positions"] if at_most_once else {},
+                    fresh_state=at_most_once, recovering=True, only=region)
+        if self._stop_requested:
+            ray.get([self.hosts[k].stop.remote() for k in self._runs.values() if k in region])
+        rec["restart_s"] = round(time.time() - t0, 3)
+        log.info("job %r: restarted %d of %d instances (their failover region) from "
+                 "checkpoint %s in %.2f s", self.flow.name, len(region),
+                 sum(1 for _ in self.plan.instances()),
+                 rec["restored_checkpoint"], time.time() - t0)
+        return True
+
     @property
     def startup_s(self) -> float | None:
         """Seconds from ``start`` until every instance was built and wired."""
-        return None if self.ready_at is None else self.ready_at - self.started_at
+        return None if self.ready_at is None else self.ready_at - self.started_at  # type: ignore[operator]  # (start sets both)
 
     def _supervise(self) -> None:
         """The job's own watcher (a driver thread): recovers failures as they happen, and
@@ -370,7 +464,13 @@ class Job:
         import ray
 
         sinks = [k for k in self.hosts if self.flow.step(k[0]).kind == "sink"]
-        pending = list(self._runs) + [self.hosts[k].wait_done.remote(None, k) for k in sinks]
+        # one blocking wait per sink instance and actor: a region failover keeps the other
+        # sinks' actors, and a second wait would hold a second of their control threads
+        for k in sinks:
+            aid = self.hosts[k]._actor_id
+            if self._sink_waits.get(k, (None,))[0] != aid:
+                self._sink_waits[k] = (aid, self.hosts[k].wait_done.remote(None, k))
+        pending = list(self._runs) + [self._sink_waits[k][1] for k in sinks]
         failure = None
         while pending and failure is None and not self._cancelled:
             ready, pending = ray.wait(pending, num_returns=len(pending), timeout=POLL_S)
@@ -394,7 +494,8 @@ class Job:
         if self.state == "FINISHED":
             self._clean_state()
         log.info("job %r %s after %.2f s, %d recoveries", self.flow.name, self.state.lower(),
-                 self.finished_at - self.started_at, len(self.recoveries))
+                 self.finished_at - self.started_at,  # type: ignore[operator]  # (start set it)
+                 len(self.recoveries))
 
     def _clean_state(self) -> None:
         """A job that ran to its end leaves nothing to resume: delete its durable
@@ -404,7 +505,7 @@ class Job:
         from rayflow.checkpoint_store import CheckpointStore
 
         try:
-            CheckpointStore(self.store_root).remove()
+            CheckpointStore(self.store_root).remove()  # type: ignore[arg-type]  # (set by start)
         except Exception:  # noqa: BLE001 - best effort
             pass
         chk = self.config.checkpoint
@@ -511,6 +612,8 @@ class Job:
         unknown = set(parallelism) - {s.step_id for s in self.flow.steps}
         if unknown:
             raise ValueError(f"rescale: no such steps {sorted(unknown)}")
+        log.info("job %r: rescaling %s from a savepoint", self.flow.name,
+                 ", ".join(f"{s} to {n}" for s, n in sorted(parallelism.items())))
         self.stop(timeout_s, savepoint=True)
         flow = copy.copy(self.flow)
         flow._steps = {sid: (dataclasses.replace(s, parallelism=parallelism[sid])
@@ -591,12 +694,16 @@ class Job:
         for ref in refs:
             try:
                 st = ray.get(ref, timeout=30)
+            except ray.exceptions.GetTimeoutError:
+                continue  # slow (a loaded machine), not dead: asked again at the next poll
             except Exception as exc:  # noqa: BLE001 - the actor is gone
                 return unwrap(exc)
             if st["error"] is not None:
                 return st["error"]
         try:  # the coordinator too: sinks wait for it to commit their last epoch
             why = ray.get(self.coordinator.health.remote(), timeout=30)
+        except ray.exceptions.GetTimeoutError:
+            return None
         except Exception as exc:  # noqa: BLE001 - it is gone
             return unwrap(exc)
         if why is not None:  # not a lost actor: a restart would fail the same way

@@ -21,7 +21,7 @@ Each instance of D expects one end-of-stream marker per connected upstream insta
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -81,6 +81,45 @@ def make_plan(flow: Dataflow) -> Plan:
                 for t in targets:
                     plan.inputs[(step.step_id, t)].append((edge.upstream, u))
     return plan
+
+
+def regions(plan: Plan, coupled: Iterable[str] = ()) -> list[frozenset[tuple[str, int]]]:
+    """The failover regions of a plan: sets of instances that exchange no record with any
+    other set (the connected components of the instance graph, Flink's pipelined regions).
+    A failure inside one region restarts only that region from the last checkpoint; the
+    others go on. The instances of a step in ``coupled`` are one region (e.g. file readers
+    that share a split enumerator).
+
+        >>> from rayflow.dataflow import Dataflow
+        >>> from rayflow.connectors.memory import MemorySource, CollectSink
+        >>> f = Dataflow("r"); f.source("s", MemorySource([1]), 2).map("m", str).sink("k", CollectSink(), parallelism=2)
+        >>> sorted(sorted(r) for r in regions(make_plan(f)))
+        [[('k', 0), ('m', 0), ('s', 0)], [('k', 1), ('m', 1), ('s', 1)]]
+        >>> g = Dataflow("r"); g.source("s", MemorySource([1]), 2).key_by(str).sink("k", CollectSink(), parallelism=2)
+        >>> len(regions(make_plan(g)))
+        1
+    """
+    parent = {k: k for k in plan.instances()}
+
+    def find(k):
+        while parent[k] != k:
+            parent[k] = parent[parent[k]]
+            k = parent[k]
+        return k
+
+    def union(a, b):
+        parent[find(a)] = find(b)
+
+    for key, ups in plan.inputs.items():
+        for up in ups:
+            union(key, up)
+    for step_id in coupled:
+        for i in range(1, plan.parallelism.get(step_id, 0)):
+            union((step_id, 0), (step_id, i))
+    out: dict = {}
+    for k in plan.instances():
+        out.setdefault(find(k), set()).add(k)
+    return [frozenset(r) for r in out.values()]
 
 
 _ACTOR_OPTIONS = ("actor_num_cpus", "scheduling_strategy", "actor_env")

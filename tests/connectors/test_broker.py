@@ -7,6 +7,7 @@ import pytest
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.structs import OffsetAndMetadata
 
+from rayflow._procs import alive
 from rayflow.connectors import broker as broker_mod
 from rayflow.connectors.broker import BrokerError, EmbeddedBroker
 
@@ -16,7 +17,7 @@ def test_context_manager_starts_answers_and_stops_by_pid():
         pid = b.pid
         assert psutil.pid_exists(pid)
         broker_mod.wait_until_ready(b.bootstrap, 5)
-    assert not broker_mod._alive(pid)
+    assert not alive(pid)
 
 
 def test_start_fails_clearly_when_port_is_taken(kafka_broker):
@@ -78,4 +79,4 @@ def test_detached_broker_up_status_down(tmp_path, monkeypatch):
     finally:
         broker_mod.down()
     assert broker_mod.status() == {"running": False}
-    assert not broker_mod._alive(st["pid"])
+    assert not alive(st["pid"])

@@ -23,8 +23,6 @@ from rayflow.connectors.images import (
     KafkaImageSource,
     PngDiscardSink,
     SyntheticImageSource,
-    _KafkaImageReader,
-    _split_resume_state,
     chunk_image,
     decode_image,
     encode_image,
@@ -33,6 +31,7 @@ from rayflow.connectors.images import (
     synthetic_image,
     write_image_set,
 )
+from rayflow.connectors.images.kafka import _KafkaImageReader, _split_resume_state
 from rayflow.connectors.kafka import KafkaMessage
 from rayflow.operators.base import Rescaled, StepContext
 

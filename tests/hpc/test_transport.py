@@ -296,3 +296,39 @@ def test_a_pickle_stream_larger_than_the_ring_goes_whole_into_a_segment(ring_byt
     assert b1 == objs[0] and outs[2][1] == objs[0]
     for t in ts:
         t.close()
+
+
+@pytest.mark.parametrize("mode", ["auto", "tcp"])
+def test_try_recv_looks_without_blocking_and_wait_any_wakes_on_a_send(mode):
+    """What ANY_SOURCE needs from the transport: a look that returns at once, keeping the
+    other messages it reads for their receives, and a sleep that a peer's send ends."""
+    from rayflow.hpc.comm import NO_MESSAGE
+
+    if mode == "tcp":
+        pytest.importorskip("zmq")
+    ts, _ = _group(3, mode)
+    try:
+        assert ts[0].try_recv(1, ("a",)) is NO_MESSAGE
+        ts[1].send(0, ("b",), "second")
+        ts[1].send(0, ("a",), np.arange(3))
+        got = NO_MESSAGE
+        deadline = time.monotonic() + 10
+        while got is NO_MESSAGE and time.monotonic() < deadline:
+            got = ts[0].try_recv(1, ("a",))
+        assert np.array_equal(got, np.arange(3))
+        assert ts[0].try_recv(1, ("b",)) == "second"  # read past, kept
+        assert ts[0].try_recv(2, ("a",)) is NO_MESSAGE
+        t0 = time.monotonic()
+        ts[0].wait_any(0.05)  # nothing sent: sleeps out its timeout
+        assert time.monotonic() - t0 >= 0.04
+        threading.Timer(0.05, lambda: ts[2].send(0, ("c",), "late")).start()
+        t0 = time.monotonic()
+        ts[0].wait_any(30.0)  # at most 1 s per call; a send ends it early
+        assert time.monotonic() - t0 < 1.0
+        deadline = time.monotonic() + 10
+        while (got := ts[0].try_recv(2, ("c",))) is NO_MESSAGE and time.monotonic() < deadline:
+            ts[0].wait_any(0.01)
+        assert got == "late"
+    finally:
+        for t in ts:
+            t.close()

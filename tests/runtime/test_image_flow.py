@@ -132,9 +132,14 @@ def test_w1_job_command_line_blurs_jpegs_given_by_extension(tmp_path):
 
 def test_w1_job_picks_malloc_settings_by_the_shape_of_its_pipeline():
     w1 = _job_module()
-    assert w1.tuned_env(2, 2, 2) is w1.WHOLE_ENV  # every chain runs the whole pipeline
-    assert w1.tuned_env(1, 2, 1) is w1.SPLIT_ENV  # images cross actors
-    assert w1.tuned_env(1, 1, 1, split=True) is w1.SPLIT_ENV
+    assert w1.tuned_profile(2, 2, 2) == "whole_pipeline"  # every chain runs the whole pipeline
+    assert w1.tuned_profile(1, 2, 1) == "split_pipeline"  # images cross actors
+    assert w1.tuned_profile(1, 1, 1, split=True) == "split_pipeline"
+    # the settings come from the configured profiles, the one home of malloc settings
+    assert w1.tuned_env(2, 2, 2) == {"MALLOC_MMAP_THRESHOLD_": str(32 << 20),
+                                     "MALLOC_TRIM_THRESHOLD_": str(64 << 20),
+                                     "MALLOC_ARENA_MAX": "2"}
+    assert w1.tuned_env(1, 2, 1)["MALLOC_MMAP_THRESHOLD_"] == str(1 << 20)
 
 
 @pytest.mark.parametrize("border", ["reflect101", "constant", "wrap"])

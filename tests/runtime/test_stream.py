@@ -42,7 +42,8 @@ def test_map_filter_flat_map_exact_output(ray_session, chaining):
 def _env(_):
     import os
 
-    return (os.environ.get("RF_TEST_ENV"), os.environ.get("MALLOC_ARENA_MAX", "unset"))
+    return (os.environ.get("RF_TEST_ENV"), os.environ.get("RF_TEST_OTHER", "unset"),
+            os.environ.get("MALLOC_ARENA_MAX"), os.environ.get("MALLOC_TRIM_THRESHOLD_"))
 
 
 def test_actor_env_sets_the_environment_of_its_steps_only(ray_session):
@@ -50,12 +51,16 @@ def test_actor_env_sets_the_environment_of_its_steps_only(ray_session):
     (f.source("in", rf.MemorySource([1, 2]))
       .map("plain", _env)
       .map("tuned", lambda r: (*r, *_env(None)), start_new_chain=True,
-           actor_env={"RF_TEST_ENV": "yes"})
-      .sink("out", rf.CollectSink(), actor_env={"RF_TEST_ENV": "yes"}))
+           actor_env={"RF_TEST_ENV": "yes", "MALLOC_TRIM_THRESHOLD_": 1 << 26})
+      .sink("out", rf.CollectSink(),
+            actor_env={"RF_TEST_ENV": "yes", "MALLOC_TRIM_THRESHOLD_": 1 << 26}))
     job = f.run(timeout_s=120, background=True)
     assert len(job.actors()) == 2  # in+plain | tuned+out
     job.wait(120)
-    assert job.collect("out") == [(None, "unset", "yes", "unset")] * 2
+    # every worker has the job's process profile ("default": two arenas, a 4 MiB trim
+    # threshold); a step's actor_env goes on top of it, for that step only
+    assert job.collect("out") == [(None, "unset", "2", str(4 << 20),
+                                   "yes", "unset", "2", str(1 << 26))] * 2
 
 
 def test_key_by_sends_equal_keys_to_one_instance(ray_session):

@@ -1,0 +1,209 @@
+"""Keyed state at scale: event-time tumbling windows over 1 k, 10 k, 100 k and 1 M distinct
+keys, records/s and memory per key, per state backend, beside a plain-Python baseline.
+
+    python benchmarks/bench_keys.py [--quick] [--keys 1000,10000] [--backends memory,rocksdb]
+
+Each configuration runs in a fresh Python process (so its memory figure is its own): the
+window step's logic (``Windowed(TumblingWindow, Count, EventTime)``, as a job's instance runs
+it, without the channels) is fed batches of 10,000 ``(key, t)`` records for two windows,
+every key at least twice per window and at least 400,000 records in all (so the fixed costs
+of a run weigh the same at every size), with a watermark after each batch; the first window
+fires when the second one starts. The figures:
+
+- records/s over the whole run (adds, firings, state reads and writes);
+- memory per key: the process's USS growth (psutil) at the peak, when every key's window is
+  open, divided by the number of keys; for RocksDB also the database's bytes on disk per key;
+- the plain baseline: the same records counted per (window, key) in nested dicts, fired
+  the same way, in a process of its own (the COST floor).
+
+The target is a cost per record that does not grow with the number of open windows:
+records/s at 1 M keys within 2x of 1 k keys, for each backend.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import click  # noqa: E402
+import psutil  # noqa: E402
+from _common import machine_info, print_table, ratio, write_result  # noqa: E402
+
+WINDOW_S = 10.0
+MIN_PER_KEY_PER_WINDOW = 2
+MIN_RECORDS = 400_000
+QUICK_MIN_RECORDS = 40_000
+WINDOWS = 2
+BATCH = 10_000
+KEYS = (1_000, 10_000, 100_000, 1_000_000)
+QUICK_KEYS = (1_000, 10_000)
+BACKENDS = ("memory", "filesystem", "rocksdb")
+
+
+def per_key_per_window(keys: int, min_records: int) -> int:
+    return max(MIN_PER_KEY_PER_WINDOW, -(-min_records // (keys * WINDOWS)))
+
+
+def _batches(keys: int, min_records: int):
+    """``(records, event times, watermark)``: window w holds every key the same number of
+    times, keys in turn, at times spread evenly over the window; the watermark trails the
+    batch by 1 ms."""
+    import numpy as np
+
+    per_window = keys * per_key_per_window(keys, min_records)
+    dt = WINDOW_S / per_window
+    # batches do not straddle windows: after a window's last batch all its keys are open
+    for lo, hi in ((lo, min((w + 1) * per_window, lo + BATCH)) for w in range(WINDOWS)
+                   for lo in range(w * per_window, (w + 1) * per_window, BATCH)):
+        i = np.arange(lo, hi)
+        t = i * dt
+        recs = [(f"k{k}", x) for k, x in zip((i % keys).tolist(), t.tolist())]
+        yield recs, t, float(t[-1]) - 0.001
+
+
+def _uss() -> int:
+    return psutil.Process().memory_full_info().uss
+
+
+def _dir_bytes(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+def run_rayflow(backend: str, keys: int, min_records: int) -> dict:
+    """One configuration in this process: the window logic on ``backend``."""
+    from operator import itemgetter
+
+    from rayflow.operators.base import StepContext
+    from rayflow.operators.windows import Count, EventTime, TumblingWindow, Windowed
+    from rayflow.state import backend_from_name
+
+    tmp = Path(tempfile.mkdtemp(prefix="bench-keys-"))
+    spec = Windowed(TumblingWindow(WINDOW_S), Count(), itemgetter(0), EventTime())
+    batches = list(_batches(keys, min_records))  # made before timing and the memory baseline
+    warm = spec.build(StepContext("warm", 0, 1))  # first-call imports are not the figure
+    warm.process(batches[0][0][:10], batches[0][1][:10])
+    warm.on_end()
+    base = _uss()
+    logic = spec.build(StepContext("win", 0, 1, "bench", backend_from_name(backend, str(tmp))))
+    peak, disk, fired, n, probed = 0, 0, 0, 0, False
+    half = keys * per_key_per_window(keys, min_records)
+    t0 = time.perf_counter()
+    for recs, times, wm in batches:
+        logic.process(recs, times)
+        out = logic.on_watermark(wm)
+        fired += len(out.items) if out else 0
+        n += len(recs)
+        if n >= half and not probed:  # every key's first window open, none fired: the peak
+            probed = True
+            t_probe = time.perf_counter()
+            peak = _uss() - base
+            if backend == "rocksdb":
+                logic.state.db.flush()
+                disk = _dir_bytes(tmp)
+            t0 += time.perf_counter() - t_probe  # the probe is not processing time
+    out = logic.on_end()
+    fired += len(out.items) if out else 0
+    secs = time.perf_counter() - t0
+    logic.close()
+    assert fired == keys * WINDOWS, (fired, keys)
+    return {"records": n, "seconds": secs, "records_s": n / secs,
+            "mem_bytes_per_key": peak / keys, "disk_bytes_per_key": disk / keys or None}
+
+
+def run_plain(keys: int, min_records: int) -> dict:
+    """The baseline: nested dicts ``{window start: {key: count}}``, fired by the watermark."""
+    batches = list(_batches(keys, min_records))
+    base = _uss()
+    windows: dict[float, dict] = {}
+    peak, fired, n, probed = 0, 0, 0, False
+    half = keys * per_key_per_window(keys, min_records)
+    t0 = time.perf_counter()
+    for recs, _times, wm in batches:
+        for key, t in recs:
+            start = math.floor(t / WINDOW_S) * WINDOW_S
+            w = windows.get(start)
+            if w is None:
+                w = windows[start] = {}
+            w[key] = w.get(key, 0) + 1
+        for start in [s for s in windows if s + WINDOW_S <= wm]:
+            fired += len(windows.pop(start))
+        n += len(recs)
+        if n >= half and not probed:
+            probed = True
+            t_probe = time.perf_counter()
+            peak = _uss() - base
+            t0 += time.perf_counter() - t_probe
+    fired += sum(len(w) for w in windows.values())
+    secs = time.perf_counter() - t0
+    assert fired == keys * WINDOWS, (fired, keys)
+    return {"records": n, "seconds": secs, "records_s": n / secs,
+            "mem_bytes_per_key": peak / keys}
+
+
+def _in_process(kind: str, keys: int, min_records: int) -> dict:
+    """Run one configuration in a fresh interpreter and return its figures."""
+    out = subprocess.run([sys.executable, __file__, "--worker", f"{kind}:{keys}:{min_records}"],
+                         capture_output=True, text=True, check=False)
+    if out.returncode:
+        raise RuntimeError(f"{kind} with {keys} keys failed:\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@click.command()
+@click.option("--quick", is_flag=True,
+              help="1 k and 10 k keys, 40,000 records a run (a few seconds).")
+@click.option("--keys", "keys_opt", default=None, help="Comma-separated key counts.")
+@click.option("--backends", default=",".join(BACKENDS), show_default=True)
+@click.option("--worker", default=None, hidden=True)
+def main(quick: bool, keys_opt: str | None, backends: str, worker: str | None) -> None:
+    if worker is not None:  # one configuration, in this fresh process
+        kind, keys, least = worker.split(":")
+        res = (run_plain(int(keys), int(least)) if kind == "plain"
+               else run_rayflow(kind, int(keys), int(least)))
+        print(json.dumps(res))
+        return
+    names = [b.strip() for b in backends.split(",") if b.strip()]
+    unknown = [b for b in names if b not in BACKENDS]
+    if unknown:
+        raise click.BadParameter(f"unknown backends {unknown}; known: {list(BACKENDS)}")
+    sizes = [int(k) for k in keys_opt.split(",")] if keys_opt else list(
+        QUICK_KEYS if quick else KEYS)
+    least = QUICK_MIN_RECORDS if quick else MIN_RECORDS
+    rows, table = [], []
+    plain = {k: _in_process("plain", k, least) for k in sizes}
+    for backend in names:
+        first = None
+        for k in sizes:
+            res = _in_process(backend, k, least)
+            first = first or res["records_s"]
+            row = {"backend": backend, "keys": k, **res,
+                   "plain_records_s": plain[k]["records_s"],
+                   "plain_mem_bytes_per_key": plain[k]["mem_bytes_per_key"],
+                   "vs_plain": ratio(res["records_s"], plain[k]["records_s"]),
+                   "vs_fewest_keys": ratio(res["records_s"], first)}
+            rows.append(row)
+            table.append([backend, k, row["records_s"], row["plain_records_s"],
+                          row["vs_plain"], row["vs_fewest_keys"], row["mem_bytes_per_key"],
+                          row["plain_mem_bytes_per_key"], row["disk_bytes_per_key"]])
+            print(f"{backend} {k:>9,} keys: {row['records_s']:,.0f} records/s", flush=True)
+    machine = machine_info()
+    print_table(f"Tumbling windows by number of keys (machine: {machine['logical_cores']}-core "
+                f"{machine['cpu_model'] or 'VM'}, load {machine['loadavg_1m']})",
+                ["backend", "keys", "records/s", "plain rec/s", "vs plain", "vs fewest keys",
+                 "B/key", "plain B/key", "disk B/key"], table)
+    # a smoke run or a subset must not overwrite the full run's figures
+    path = write_result("keys" if not (quick or keys_opt) else "keys_quick", {"quick": quick, "window_s": WINDOW_S,
+                                 "min_records": least,
+                                 "windows": WINDOWS, "batch": BATCH, "rows": rows})
+    print(f"\nwrote {path}")
+
+
+if __name__ == "__main__":
+    main()

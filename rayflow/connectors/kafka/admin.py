@@ -1,0 +1,76 @@
+"""Admin helpers for jobs, tests and benchmarks: create a topic, fill it, read it back."""
+
+from __future__ import annotations
+
+from rayflow.connectors.kafka.clients import Client
+
+
+def create_topic(bootstrap: str, name: str, partitions: int = 1, exist_ok: bool = True,
+                 options: dict | None = None) -> None:
+    """Create ``name`` with ``partitions`` partitions (replication 1)."""
+    from kafka.admin import KafkaAdminClient, NewTopic
+    from kafka.errors import TopicAlreadyExistsError
+
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap, **(options or {}))
+    try:
+        admin.create_topics([NewTopic(name, partitions, 1)])
+    except TopicAlreadyExistsError:
+        if not exist_ok:
+            raise
+    finally:
+        admin.close()
+
+
+def produce(bootstrap: str, topic: str, values, partitions: int = 1,
+            client: Client = "kafka-python", options: dict | None = None) -> int:
+    """Write ``values`` (bytes) round-robin over ``partitions``; return how many."""
+    n = 0
+    if client == "confluent":
+        from confluent_kafka import Producer
+
+        p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, **(options or {})})
+        for v in values:
+            while True:
+                try:
+                    p.produce(topic, v, partition=n % partitions)
+                    break
+                except BufferError:
+                    p.poll(0.05)
+            n += 1
+        p.flush()
+        return n
+    from kafka import KafkaProducer
+
+    p = KafkaProducer(bootstrap_servers=bootstrap, linger_ms=20, batch_size=1 << 20,
+                      **(options or {}))
+    for v in values:
+        p.send(topic, v, partition=n % partitions)
+        n += 1
+    p.flush()
+    p.close()
+    return n
+
+
+def read_values(bootstrap: str, topic: str, isolation: str = "read_committed") -> list[bytes]:
+    """Every value in ``topic`` now, partition by partition (for checks and demos, not for
+    big topics). ``read_committed`` sees only committed transactions."""
+    from kafka import KafkaConsumer, TopicPartition
+
+    c = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False,
+                      isolation_level=isolation, auto_offset_reset="earliest")
+    parts = sorted(c.partitions_for_topic(topic) or ())
+    c.assign([TopicPartition(topic, p) for p in parts])
+    out: list[bytes] = []
+    idle = 0
+    while idle < 3:
+        got = c.poll(300)
+        idle = 0 if got else idle + 1
+        for recs in got.values():
+            out.extend(r.value for r in recs)
+    c.close()
+    return out
+
+
+def count_records(bootstrap: str, topic: str, isolation: str = "read_uncommitted") -> int:
+    """Records in ``topic`` now (read to the end; for checks, not for big topics)."""
+    return len(read_values(bootstrap, topic, isolation))

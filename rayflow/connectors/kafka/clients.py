@@ -1,0 +1,381 @@
+"""The client adapters: the only code that knows each Kafka client's API (kafka-python,
+the default, and confluent-kafka), behind one consumer and one producer interface; and the
+options every client of a step shares."""
+
+from __future__ import annotations
+
+import abc
+import time
+from collections.abc import Iterable
+from typing import Literal
+
+Start = Literal["earliest", "latest", "committed"]
+Client = Literal["kafka-python", "confluent"]
+
+
+def default_bootstrap() -> str:
+    """The bootstrap address from the job's configuration (``kafka.bootstrap``)."""
+    from rayflow.config import current
+
+    bootstrap = current().kafka.bootstrap
+    if not bootstrap:
+        raise ValueError(
+            "no Kafka bootstrap address: pass bootstrap=..., set RAYFLOW_KAFKA__BOOTSTRAP, "
+            "or start the embedded broker (`rayflow kafka up`)"
+        )
+    return bootstrap
+
+
+def _client_options(client: str, options: dict) -> dict:
+    """A connector's client options: the job's ``kafka.options`` (kafka-python) or
+    ``kafka.confluent_options`` (confluent), under the connector's own."""
+    from rayflow.config import current
+
+    return current().kafka.client_options(client, options)
+
+
+# Client options about reaching the brokers (security, identity): every client rayflow
+# builds for a step gets them, not only the step's main client. Both spellings: kafka-python
+# (security_protocol) and librdkafka (security.protocol).
+_CONNECTION_PREFIXES = ("security_", "sasl_", "ssl_", "client_id", "api_version",
+                        "socket_", "broker_", "metadata_max_age", "connections_max_idle")
+
+
+def connection_options(options: dict) -> dict:
+    """The subset of a step's client ``options`` that every client of the step needs."""
+    return {k: v for k, v in options.items()
+            if k.replace(".", "_").startswith(_CONNECTION_PREFIXES)}
+
+
+_READ_COMMITTED = {"kafka-python": {"isolation_level": "read_committed"},
+                   "confluent": {"isolation.level": "read_committed"}}
+
+
+class _ReadBack(abc.ABC):
+    """Reading a topic back (an exactly-once sink's restore), over a consumer adapter's
+    ``partitions``, ``watermarks``, ``assign_tps`` and its ``_headers``/``_position``."""
+
+    @abc.abstractmethod
+    def partitions(self, topic: str) -> set[int]:
+        """The topic's partitions (empty if it does not exist)."""
+
+    @abc.abstractmethod
+    def watermarks(self, topic: str, parts: Iterable[int]
+                   ) -> tuple[dict[int, int], dict[int, int]]:
+        """(low, high) offset of each partition."""
+
+    @abc.abstractmethod
+    def assign_tps(self, offsets: dict) -> None:
+        """Read these (topic, partition) pairs from these offsets."""
+
+    @abc.abstractmethod
+    def _headers(self, key: str) -> list[bytes] | None:
+        """One poll: the values of header ``key`` (None when the poll returned nothing)."""
+
+    @abc.abstractmethod
+    def _position(self, topic: str, parts: Iterable[int]) -> dict[int, int]:
+        """The next offset to read of each partition."""
+
+    def end_offsets(self, topic) -> dict[int, int]:
+        parts = self.partitions(topic)
+        if not parts:
+            raise ValueError(f"Kafka topic {topic!r} does not exist or has no partitions")
+        return self.watermarks(topic, sorted(parts))[1]
+
+    def scan_headers(self, topic, start: dict[int, int], key: str,
+                     timeout_s: float = 60.0) -> list[bytes]:
+        """Values of header ``key`` of every record from ``start`` to the end (as this
+        consumer's isolation level shows them)."""
+        if not start:
+            return []
+        target = _high_watermarks(self, topic, start)
+        self.assign_tps({(topic, p): off for p, off in start.items()})
+        out: list[bytes] = []
+        idle, deadline = 0, time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            got = self._headers(key)
+            idle = 0 if got is not None else idle + 1
+            out.extend(got or ())
+            at_end = all(o >= target[p] for p, o in self._position(topic, start).items())
+            if idle >= 2 and (at_end or idle >= 20):
+                return out
+        raise TimeoutError(f"reading topic {topic!r} back took over {timeout_s:.0f} s")
+
+
+class _KPConsumer(_ReadBack):
+    def __init__(self, bootstrap: str, group_id: str | None, options: dict):
+        from kafka import KafkaConsumer
+
+        self.bootstrap, self.options = bootstrap, dict(options)  # what it was built with
+        opts = dict(
+            bootstrap_servers=bootstrap,
+            group_id=group_id,
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+            fetch_max_bytes=64 * 2**20,
+            max_partition_fetch_bytes=16 * 2**20,
+            fetch_min_bytes=1,
+            fetch_max_wait_ms=5,
+            max_poll_records=100_000,
+        )
+        opts.update(options)
+        self.consumer = KafkaConsumer(**opts)
+        self._got: dict = {}
+
+    def partitions(self, topic):
+        return self.consumer.partitions_for_topic(topic) or set()
+
+    def watermarks(self, topic, parts):
+        from kafka import TopicPartition
+
+        tps = [TopicPartition(topic, p) for p in parts]
+        begin = self.consumer.beginning_offsets(tps)
+        end = self.consumer.end_offsets(tps)
+        return {tp.partition: o for tp, o in begin.items()}, {tp.partition: o for tp, o in end.items()}
+
+    def committed(self, topic, parts):
+        from kafka import TopicPartition
+
+        return {p: self.consumer.committed(TopicPartition(topic, p)) for p in parts}
+
+    def _headers(self, key: str) -> list[bytes] | None:
+        """One poll: the values of header ``key`` (None when the poll returned nothing)."""
+        got = self.consumer.poll(timeout_ms=300, max_records=100_000)
+        if not got:
+            return None
+        return [v for recs in got.values() for r in recs for k, v in (r.headers or ()) if k == key]
+
+    def _position(self, topic, parts) -> dict[int, int]:
+        from kafka import TopicPartition
+
+        return {p: self.consumer.position(TopicPartition(topic, p)) for p in parts}
+
+    def commit(self, topic, offsets):
+        from kafka import TopicPartition
+        from kafka.structs import OffsetAndMetadata
+
+        self.consumer.commit(
+            {TopicPartition(topic, p): OffsetAndMetadata(o, "", -1) for p, o in offsets.items()}
+        )
+
+    # -- the source: partitions of several topics, as (topic, partition) pairs -----------
+    def topics(self) -> set[str]:
+        return set(self.consumer.topics())
+
+    def assign_tps(self, offsets: dict) -> None:
+        from kafka import TopicPartition
+
+        tps = {tp: TopicPartition(*tp) for tp in offsets}
+        self.consumer.assign(list(tps.values()))
+        for tp, off in offsets.items():
+            self.consumer.seek(tps[tp], off)
+
+    def poll_tps(self, max_records, timeout_s):
+        got = self.consumer.poll(timeout_ms=int(timeout_s * 1000), max_records=max_records)
+        values: list = []
+        stamps: list = []
+        last: dict[tuple[str, int], int] = {}
+        for tp, recs in got.items():
+            values.extend([r.value for r in recs])
+            stamps.extend([r.timestamp for r in recs])
+            last[(tp.topic, tp.partition)] = recs[-1].offset
+        self._got = got
+        return values, stamps, last
+
+    def runs_tps(self) -> list[tuple[tuple[str, int], int]]:
+        """((topic, partition), count) of the last poll's records, in order."""
+        return [((tp.topic, tp.partition), len(recs)) for tp, recs in self._got.items()]
+
+    def positions_tps(self) -> list[tuple[str, int, int]]:
+        return [(tp.topic, tp.partition, r.offset) for tp, recs in self._got.items()
+                for r in recs]
+
+    def close(self):
+        self.consumer.close()
+
+
+class _ConfluentConsumer(_ReadBack):
+    def __init__(self, bootstrap: str, group_id: str | None, options: dict):
+        from confluent_kafka import Consumer
+
+        self.bootstrap, self.options = bootstrap, dict(options)  # what it was built with
+        conf = {
+            "bootstrap.servers": bootstrap,
+            "group.id": group_id or "rayflow-unmanaged",
+            "enable.auto.commit": False,
+            "auto.offset.reset": "earliest",
+            "fetch.wait.max.ms": 5,
+        }
+        conf.update(options)
+        self.consumer = Consumer(conf)
+        self._msgs: list = []
+
+    def partitions(self, topic):
+        md = self.consumer.list_topics(topic, timeout=10)
+        t = md.topics.get(topic)
+        return set(t.partitions) if t is not None and t.error is None else set()
+
+    def watermarks(self, topic, parts):
+        from confluent_kafka import TopicPartition
+
+        begin, end = {}, {}
+        for p in parts:
+            lo, hi = self.consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
+            begin[p], end[p] = lo, hi
+        return begin, end
+
+    def committed(self, topic, parts):
+        from confluent_kafka import TopicPartition
+
+        got = self.consumer.committed([TopicPartition(topic, p) for p in parts], timeout=10)
+        return {tp.partition: (tp.offset if tp.offset >= 0 else None) for tp in got}
+
+    def _headers(self, key: str) -> list[bytes] | None:
+        msgs = self.consumer.consume(num_messages=100_000, timeout=0.3)
+        if not msgs:
+            return None
+        for m in msgs:
+            if m.error():
+                raise RuntimeError(f"Kafka consume error: {m.error()}")
+        return [v for m in msgs for k, v in (m.headers() or ()) if k == key]
+
+    def _position(self, topic, parts) -> dict[int, int]:
+        from confluent_kafka import TopicPartition
+
+        got = self.consumer.position([TopicPartition(topic, p) for p in parts])
+        return {tp.partition: tp.offset for tp in got}
+
+    def commit(self, topic, offsets):
+        from confluent_kafka import TopicPartition
+
+        self.consumer.commit(
+            offsets=[TopicPartition(topic, p, o) for p, o in offsets.items()], asynchronous=False
+        )
+
+    # -- the source: partitions of several topics, as (topic, partition) pairs -----------
+    def topics(self) -> set[str]:
+        return set(self.consumer.list_topics(timeout=10).topics)
+
+    def assign_tps(self, offsets: dict) -> None:
+        from confluent_kafka import TopicPartition
+
+        self.consumer.assign([TopicPartition(t, p, o) for (t, p), o in offsets.items()])
+
+    def poll_tps(self, max_records, timeout_s):
+        msgs = self.consumer.consume(num_messages=max_records, timeout=timeout_s)
+        values, stamps, last = [], [], {}
+        for m in msgs:
+            if m.error():
+                raise RuntimeError(f"Kafka consume error: {m.error()}")
+            values.append(m.value())
+            stamps.append(m.timestamp()[1])
+            last[(m.topic(), m.partition())] = m.offset()
+        self._msgs = msgs
+        return values, stamps, last
+
+    def runs_tps(self) -> list[tuple[tuple[str, int], int]]:
+        runs: list = []
+        for m in self._msgs:
+            tp = (m.topic(), m.partition())
+            if runs and runs[-1][0] == tp:
+                runs[-1][1] += 1
+            else:
+                runs.append([tp, 1])
+        return [(tp, n) for tp, n in runs]
+
+    def positions_tps(self) -> list[tuple[str, int, int]]:
+        return [(m.topic(), m.partition(), m.offset()) for m in self._msgs]
+
+    def close(self):
+        self.consumer.close()
+
+
+class _KPProducer:
+    def __init__(self, bootstrap: str, options: dict, transactional_id: str | None = None):
+        from kafka import KafkaProducer
+
+        opts = dict(bootstrap_servers=bootstrap, linger_ms=5, batch_size=1 << 20,
+                    max_request_size=8 << 20, acks=1)
+        if transactional_id:
+            opts.update(transactional_id=transactional_id, acks="all")
+        opts.update(options)
+        self.config = opts  # what it was built with
+        self.producer = KafkaProducer(**opts)
+
+    def init_transactions(self):
+        self.producer.init_transactions()
+
+    def begin(self):
+        self.producer.begin_transaction()
+
+    def commit(self):
+        self.producer.commit_transaction()
+
+    def send_many(self, topic, values, keys, headers=None):
+        send = self.producer.send
+        if headers is not None:
+            for i, v in enumerate(values):
+                send(topic, v, key=keys[i] if keys else None, headers=headers[i])
+        elif keys is None:
+            for v in values:
+                send(topic, v)
+        else:
+            for v, k in zip(values, keys):
+                send(topic, v, key=k)
+
+    def flush(self):
+        self.producer.flush()
+
+    def close(self):
+        self.producer.close()
+
+
+class _ConfluentProducer:
+    def __init__(self, bootstrap: str, options: dict, transactional_id: str | None = None):
+        from confluent_kafka import Producer
+
+        conf = {"bootstrap.servers": bootstrap, "linger.ms": 5, "acks": 1}
+        if transactional_id:
+            conf.update({"transactional.id": transactional_id, "acks": "all"})
+        conf.update(options)
+        self.config = conf  # what it was built with
+        self.producer = Producer(conf)
+
+    def init_transactions(self):
+        self.producer.init_transactions(30)
+
+    def begin(self):
+        self.producer.begin_transaction()
+
+    def commit(self):
+        self.producer.commit_transaction(30)
+
+    def send_many(self, topic, values, keys, headers=None):
+        produce, poll = self.producer.produce, self.producer.poll
+        for i, v in enumerate(values):
+            while True:
+                try:
+                    if headers is None:
+                        produce(topic, v, keys[i] if keys else None)
+                    else:
+                        produce(topic, v, keys[i] if keys else None, headers=headers[i])
+                    break
+                except BufferError:  # local queue full: let delivery reports drain
+                    poll(0.05)
+        poll(0)
+
+    def flush(self):
+        self.producer.flush()
+
+    def close(self):
+        self.producer.flush()
+
+
+def _high_watermarks(consumer, topic: str, parts) -> dict[int, int]:
+    """The partitions' high watermarks, also past open transactions (read_uncommitted)."""
+    opts = {k: v for k, v in consumer.options.items() if "isolation" not in k}
+    probe = type(consumer)(consumer.bootstrap, None, opts)
+    try:
+        return probe.watermarks(topic, sorted(parts))[1]
+    finally:
+        probe.close()

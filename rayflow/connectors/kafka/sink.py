@@ -1,0 +1,71 @@
+"""The Kafka sink's spec: it builds the plain writer, or the exactly-once one
+(:mod:`rayflow.connectors.kafka.transactional`) when the job asks for exactly-once."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from rayflow.connectors.base import SinkSpec, SinkWriter
+from rayflow.connectors.kafka.clients import (
+    _READ_COMMITTED,
+    Client,
+    _client_options,
+    _ConfluentConsumer,
+    _ConfluentProducer,
+    _KPConsumer,
+    _KPProducer,
+    connection_options,
+    default_bootstrap,
+)
+from rayflow.connectors.kafka.transactional import _TransactionalWriter
+from rayflow.connectors.kafka.writer import _KafkaWriter
+from rayflow.operators.base import StepContext
+
+
+@dataclass(frozen=True)
+class KafkaSink(SinkSpec):
+    """Write records to a topic.
+
+    Args:
+        topic: the topic to write.
+        bootstrap: ``host:port[,host:port]``; defaults to the configured one.
+        serializer: record -> bytes; records must already be bytes or str when None.
+        key: record -> key bytes (None: no key, the client spreads records).
+        stamp: ``fn(record, in_time, out_time) -> record``, applied just before writing; the
+            study's jobs append inTime and outTime to each record this way.
+        max_message_bytes: larger records go to the dead-letter output instead of failing
+            the producer (Kafka's default limit is 1 MB).
+        client: ``kafka-python`` or ``confluent``.
+        options: extra producer options (security, linger, compression), passed through;
+            the connection and security ones (``security_*``, ``sasl_*``, ``ssl_*``...) also
+            reach the consumer an exactly-once sink reads its topic back with.
+        transactional_id_prefix: exactly-once: transactional ids are
+            ``{prefix}-{step_id}-{instance}`` (default prefix ``rayflow-{job name}``). Give
+            two deployments of the same flow different prefixes, or they fence each other.
+    """
+
+    topic: str
+    bootstrap: str | None = None
+    serializer: Callable[[Any], bytes] | None = None
+    key: Callable[[Any], bytes] | None = None
+    stamp: Callable[[Any, float, float], Any] | None = None
+    max_message_bytes: int = 1_000_000
+    client: Client = "kafka-python"
+    options: dict = field(default_factory=dict)
+    transactional_id_prefix: str | None = None
+
+    def build(self, ctx: StepContext, resume_state: Any = None) -> SinkWriter:
+        bootstrap = self.bootstrap or default_bootstrap()
+        cls = _ConfluentProducer if self.client == "confluent" else _KPProducer
+        options = _client_options(self.client, self.options)
+        if ctx.guarantee == "exactly_once":
+            prefix = self.transactional_id_prefix or f"rayflow-{ctx.job_name}"
+            txn_id = f"{prefix}-{ctx.step_id}-{ctx.instance}"
+            scan = (_ConfluentConsumer if self.client == "confluent" else _KPConsumer)(
+                bootstrap, None, {**connection_options(options),
+                                  **_READ_COMMITTED[self.client]})
+            return _TransactionalWriter(self, ctx, cls(bootstrap, options, txn_id),
+                                        scan, resume_state)
+        return _KafkaWriter(self, ctx, cls(bootstrap, options))
