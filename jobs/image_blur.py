@@ -75,7 +75,7 @@ def main(address, input_dir, output_dir, count, size, readers, blur_parallelism,
                          blur_parallelism=blur_parallelism, writers=writers, ksize=ksize,
                          sigma=sigma, border=border, channels=channels, pattern=pattern,
                          recursive=recursive,
-                         actor_env=tuned_env(readers, blur_parallelism, writers))
+                         process_profile=tuned_profile(readers, blur_parallelism, writers))
         print(json.dumps(summary, indent=2))
     finally:
         if tmp is not None:

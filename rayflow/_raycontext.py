@@ -32,7 +32,8 @@ def ensure_ray(address: str | None = None, num_cpus: int | None = None, **kwargs
             ``process_profile``: the named profile (``ray.process_profiles``) whose
             environment every worker process of the job gets, through the job's runtime env,
             locally and on a cluster alike (default: the configured ``ray.process_profile``);
-            variables given in ``runtime_env`` win over it.
+            variables given in ``runtime_env`` win over it; and ``process_env``: that
+            environment itself (a job passes its own configuration's profile).
     """
     import ray
 
@@ -43,7 +44,9 @@ def ensure_ray(address: str | None = None, num_cpus: int | None = None, **kwargs
     from rayflow.config import load_config
 
     # the job's runtime env: the process profile's variables, under those the caller gives
-    profile = load_config().ray.process_env(kwargs.pop("process_profile", None))
+    given = kwargs.pop("process_env", None)  # a job's own configuration resolved it
+    name = kwargs.pop("process_profile", None)
+    profile = dict(given) if given is not None else load_config().ray.process_env(name)
     runtime_env = dict(kwargs.pop("runtime_env", None) or {})
     env_vars = {**profile, **runtime_env.get("env_vars", {})}
     if address is None:

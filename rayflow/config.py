@@ -204,6 +204,9 @@ class StepOnlyOptions(BaseModel):
     actor_env: dict[str, str | int | float] = Field(
         default_factory=dict, description="environment variables of this step's actor "
         "process, merged over the job's runtime_env")
+    process_profile: str | None = Field(
+        None, description="a named profile (ray.process_profiles) for this step's actor "
+        "process instead of the job's: its variables go under the step's actor_env")
 
 
 # The stream settings a step may override; the rest (chaining, on_error) are job-wide or
@@ -487,7 +490,15 @@ def validate_step_options(step_id: str, options: Mapping[str, Any]) -> dict[str,
             name = ".".join(str(p) for p in err["loc"])
             raise ConfigError(f"step {step_id!r}: option {name}: {err['msg']} "
                               f"(got {err['input']!r})") from None
-    return {k: out[k] for k in options}
+    given = {k: out[k] for k in options}
+    if given.get("process_profile") is not None:
+        # a profile is environment variables of the step's actor, as actor_env is
+        try:
+            env = load_config().ray.process_env(given["process_profile"])
+        except ConfigError as exc:
+            raise ConfigError(f"step {step_id!r}: option process_profile: {exc}") from None
+        given["actor_env"] = {**env, **given.get("actor_env", {})}
+    return given
 
 
 # -- the commented defaults file ----------------------------------------------------------

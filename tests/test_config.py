@@ -198,8 +198,8 @@ def test_unknown_keyword_section_is_an_error():
 # -- per-step options -----------------------------------------------------------------------
 def test_step_options_come_from_the_stream_model():
     assert set(STEP_STREAM_OPTIONS) <= set(StreamOptions.model_fields)
-    assert set(STEP_OPTIONS) == set(STEP_STREAM_OPTIONS) | {"start_new_chain",
-                                                            "disable_chaining", "actor_env"}
+    assert set(STEP_OPTIONS) == set(STEP_STREAM_OPTIONS) | {
+        "start_new_chain", "disable_chaining", "actor_env", "process_profile"}
 
 
 @pytest.mark.parametrize("typo,closest", [("batchsize", "batch_size"),

@@ -16,8 +16,7 @@ page's readers do not see:
 - ``<!-- docs-test: slow -->``: runs, in the slow tests only.
 
 A block with no marker that the harness cannot run (another language, no language) fails
-the harness: nothing is skipped silently. docs/streams.md is another test's
-(tests/test_docs_streams.py runs its examples): the harness leaves its blocks alone.
+the harness: nothing is skipped silently.
 """
 
 from __future__ import annotations
@@ -34,7 +33,6 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
-OWN_TEST = {"docs/streams.md": "tests/test_docs_streams.py"}  # pages whose blocks run elsewhere
 RUNNABLE = {"python", "bash"}
 MARKS = {"skip", "output", "expect-error", "slow"}
 _FENCE = re.compile(r"^```([\w-]*)[ \t]*\n(.*?)^```[ \t]*$", re.S | re.M)
@@ -69,7 +67,7 @@ def blocks(path: Path) -> list[Block]:
 
 
 ALL = [b for p in PAGES for b in blocks(p)]
-RUN = [b for b in ALL if b.page not in OWN_TEST and b.lang in RUNNABLE
+RUN = [b for b in ALL if b.lang in RUNNABLE
        and b.mark in (None, "slow", "expect-error")]
 
 
@@ -80,8 +78,6 @@ def _param(b: Block):
 def test_every_block_is_runnable_or_marked():
     problems = []
     for b in ALL:
-        if b.page in OWN_TEST:
-            continue  # that page's test decides what runs there
         if b.mark is not None and b.mark not in MARKS:
             problems.append(f"{b.id}: unknown marker {b.mark!r} (known: {sorted(MARKS)})")
         elif b.mark == "skip" and not b.reason:
@@ -148,8 +144,3 @@ def _check_sample(block: Block, out: str) -> None:
             if line.strip():
                 assert line.strip() in out, f"{after[0].id}: {line.strip()!r} is not in " \
                                             f"what {block.id} printed:\n{out}"
-
-
-def test_the_streams_page_has_its_own_test():
-    for page, test in OWN_TEST.items():
-        assert (ROOT / test).is_file(), f"{page}'s blocks run in {test}"

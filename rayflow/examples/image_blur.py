@@ -62,7 +62,8 @@ LOCAL_RAY: dict[str, Any] = {"_system_config": {"free_objects_period_millisecond
 def tuned_profile(readers: int = 1, blur_parallelism: int = 1, writers: int = 1,
                   split: bool = False) -> str:
     """The process profile (``ray.process_profiles``) measured best for this shape of the
-    pipeline, set per step (``actor_env``) so that other shapes keep the job's:
+    pipeline, set per step (the ``process_profile`` step option) so that other shapes keep
+    the job's:
 
     - ``whole_pipeline`` when every chain runs the whole pipeline (all steps at one
       parallelism, not split; no image crosses an actor): it keeps up to 64 MiB of freed
@@ -95,18 +96,22 @@ def build_flow(input_dir: str, *, output_dir: str | None = None, readers: int = 
                channels: int | None = None, max_pixels: int | None = 100_000_000,
                pattern: str | tuple[str, ...] = IMAGE_PATTERNS, recursive: bool = False,
                watch: bool = False, split: bool = False,
-               actor_env: dict | None = None) -> rf.Dataflow:
+               actor_env: dict | None = None,
+               process_profile: str | None = None) -> rf.Dataflow:
     """The W1 dataflow: read → decode → blur → encode PNG (drop, or write to a directory).
 
     Reading and decoding run at ``readers`` (the paper's reader both reads and decodes;
     here decoding is its own step so bad files become dead letters with their path).
     Steps with equal parallelism are chained into one actor (no copy of the image between
     them); ``split=True`` starts a new chain at the blur, so that reading and decoding run
-    on one core while blurring and encoding run on another. ``actor_env`` sets environment
-    variables of every step's actor process (e.g. :func:`tuned_env`).
+    on one core while blurring and encoding run on another. ``process_profile`` (a name of
+    ``ray.process_profiles``, e.g. :func:`tuned_profile`) and ``actor_env`` set the
+    environment of every step's actor process.
     """
     flow = rf.Dataflow("image_blur")
-    env = {"actor_env": actor_env} if actor_env else {}
+    env: dict[str, Any] = {"actor_env": actor_env} if actor_env else {}
+    if process_profile is not None:
+        env["process_profile"] = process_profile
     decoders = decoders or readers
     # 1 MiB of files per batch: one 1200 px image at a time, a few hundred small ones
     s = flow.source("read", DirectorySource(input_dir, pattern, watch=watch,

@@ -419,7 +419,8 @@ class Request:
                 if r.Test(status):
                     return i
             # the direct transport wakes on its doorbell when a peer sends; others sleep
-            wait = getattr(self._c._t, "wait_any", None)
+            comm = next((r._comm for r in requests if r._comm is not None), None)
+            wait = getattr(comm._c._t, "wait_any", None) if comm is not None else None
             if wait is not None:
                 wait(delay)
             else:

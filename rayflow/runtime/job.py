@@ -65,6 +65,7 @@ class Job:
         (``job.last_checkpoint()``, or the path of a durable checkpoint or savepoint), and
         the job's supervisor, which recovers failures whether or not anyone waits."""
         ensure_ray(self.config.ray.address, self.config.ray.num_cpus,
+                   process_env=self.config.ray.process_env(),
                    include_dashboard=self.config.ray.include_dashboard,
                    namespace=self.config.ray.namespace)
         from rayflow.checkpoint_store import CheckpointStore, run_root

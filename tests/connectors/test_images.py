@@ -479,6 +479,7 @@ def test_restored_image_reader_takes_the_skips_of_its_partitions_after_a_rescale
                                   ("imgs/1@1", b"w3")])
 
 
+@pytest.mark.slow
 def test_kafka_round_trip_of_images_over_one_megabyte(ray_session, kafka_broker, new_topic):
     bs, topic = kafka_broker.bootstrap, new_topic(2)
     rng = np.random.default_rng(3)

@@ -38,11 +38,14 @@ def run_scenario(name: str, timeout_s: float = 300) -> dict:
 
 @pytest.fixture(scope="module")
 def scenarios():
-    """The two quick scenarios, started together (separate clusters, separate processes)."""
-    procs = {name: start_scenario(name) for name in ("node_loss", "gangs")}
+    """Scenario results by name, each scenario run once, in its own process with its own
+    cluster, when a test first asks for it."""
+    procs: dict = {}
     results: dict = {}
 
     def get(name: str) -> dict:
+        if name not in procs:
+            procs[name] = start_scenario(name)
         if name not in results:
             results[name] = result_of(procs[name])
         return results[name]
@@ -60,6 +63,7 @@ def node_loss(scenarios):
     return scenarios("node_loss")
 
 
+@pytest.mark.slow
 def test_stream_operators_spread_across_nodes(node_loss):
     assert len(node_loss["nodes"]) == 4
     used = set(node_loss["placement"].values())
@@ -67,6 +71,7 @@ def test_stream_operators_spread_across_nodes(node_loss):
     assert len(used) >= 3 and used <= set(node_loss["nodes"]), node_loss["placement"]
 
 
+@pytest.mark.slow
 def test_node_loss_mid_stream_recovers_exactly_once(node_loss):
     res = node_loss
     assert "skipped" not in res, res
@@ -77,6 +82,7 @@ def test_node_loss_mid_stream_recovers_exactly_once(node_loss):
     assert res["committed"] == res["distinct"] == res["n"] and res["missing"] == 0
 
 
+@pytest.mark.slow
 def test_gangs_honour_strategy_and_a_gang_that_cannot_fit_fails(scenarios):
     res = scenarios("gangs")
     assert sorted(res["strict_spread"]) == sorted(res["nodes"])  # one rank per node

@@ -80,6 +80,7 @@ def test_runtime_env_keeps_working_dir_small_and_auth_on(tmp_path):
     assert working_dir_size(ROOT) < 20 * 2**20
 
 
+@pytest.mark.slow
 def test_rayflow_submit_runs_identity_job(head, kafka_broker):
     tag = uuid.uuid4().hex[:8]
     res = CliRunner().invoke(main, [

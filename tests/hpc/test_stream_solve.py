@@ -7,6 +7,7 @@ import signal
 import time
 
 import numpy as np
+import pytest
 
 import rayflow as rf
 from rayflow.examples.stream_solve import build_flow, reference_fits
@@ -30,6 +31,7 @@ def test_windows_solved_on_a_reused_gang_match_numpy(ray_session):
     _check(results)
 
 
+@pytest.mark.slow
 def test_rank_death_mid_stream_keeps_exactly_once_output(ray_session, kafka_broker):
     import ray
 

@@ -46,6 +46,7 @@ def test_next_stage_reuses_the_warm_gang_of_the_same_shape(pool):
     print(f"stage on a warm gang: {warm_s * 1e3:.1f} ms")
 
 
+@pytest.mark.slow
 def test_an_idle_gang_goes_after_its_timeout_and_a_failed_one_at_once(pool):
     ds = BlockDataset.from_numpy(np.arange(4.0), 2)
     mpimap(_whoami, ds, rank_num_cpus=0.25, options=_opts(0.5))

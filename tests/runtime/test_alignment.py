@@ -119,7 +119,7 @@ def test_every_snapshot_is_a_consistent_cut(seed):
     assert not t.held
     for cid, seen in t.snapshots.items():
         expect = []
-        for s, msgs in streams.items():
+        for msgs in streams.values():
             if Barrier(cid) in msgs:
                 upto = msgs.index(Barrier(cid))
             else:  # an input without this barrier must have ended before the snapshot

@@ -151,7 +151,9 @@ def expected():
 def test_failure_free_run_equals_ground_truth(ray_session, kafka_broker, chaos_input,
                                               expected):
     job, got, _ = _trial(kafka_broker.bootstrap, chaos_input, "exactly_once", 2, 0, 0, ())
-    assert got == expected
+    assert got == expected, ("missing", expected - got, "extra", got - expected,
+                             "recoveries", job.recoveries, "checkpoints", job.checkpoints())
+    assert job.recoveries == []
     assert sum(c["status"] == "completed" for c in job.checkpoints()) >= 2
 
 

@@ -92,6 +92,7 @@ def _got(bs, topic):
     return Counter(tuple(json.loads(v)) for v in read_values(bs, topic, "read_committed"))
 
 
+@pytest.mark.slow
 def test_a_killed_driver_is_resumed_exactly_once_from_the_directory(
         ray_session, kafka_broker, topic_in, tmp_path):
     bs = kafka_broker.bootstrap
@@ -134,6 +135,7 @@ def test_a_killed_driver_is_resumed_exactly_once_from_the_directory(
                                  _headers_of(bs, out, got - _expected(N)), chk.checkpoint_id)
 
 
+@pytest.mark.slow
 def test_resume_uses_the_checkpoints_backend_and_refuses_another_guarantee(
         ray_session, kafka_broker, topic_in, tmp_path):
     bs = kafka_broker.bootstrap

@@ -44,7 +44,7 @@ def test_a_fast_input_does_not_make_a_slow_inputs_records_late(ray_session, wind
     assert sum(got.values()) == N
 
 
-@pytest.mark.parametrize("chaining", [True, False])
+@pytest.mark.parametrize("chaining", [True, pytest.param(False, marks=pytest.mark.slow)])
 def test_records_behind_the_watermark_go_to_late(ray_session, chaining):
     t0 = 1_000.0
     events = [("a", t0 + 1), ("a", t0 + 12), ("a", t0 + 2), ("a", t0 + 25), ("a", t0 + 3),

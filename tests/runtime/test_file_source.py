@@ -54,6 +54,7 @@ def test_every_file_counted_once_after_a_reader_crashes(ray_session, tmp_path):
     assert dict(job.collect("out")) == dict(Counter(WORDS))
 
 
+@pytest.mark.slow
 def test_rescaled_readers_continue_without_loss_or_duplicates(ray_session, tmp_path):
     d = tmp_path / "in"
     _write(d, 0, N // 2)

@@ -142,7 +142,8 @@ def test_w1_job_picks_malloc_settings_by_the_shape_of_its_pipeline():
     assert w1.tuned_env(1, 2, 1)["MALLOC_MMAP_THRESHOLD_"] == str(1 << 20)
 
 
-@pytest.mark.parametrize("border", ["reflect101", "constant", "wrap"])
+@pytest.mark.parametrize("border", ["reflect101"] + [pytest.param(b, marks=pytest.mark.slow)
+                                                     for b in ("constant", "wrap")])
 def test_tiled_blur_in_parallel_actors_equals_whole_image(ray_session, border):
     blur = GaussianBlur(7, 2.5, 1.5, border)
     flow = rf.Dataflow(f"tiled-{border}")

@@ -29,7 +29,7 @@ def test_merge_of_streams_of_any_parallelism(ray_session, par):
     assert m["all"]["records_in"] == m["all"]["records_out"] == 4500
 
 
-@pytest.mark.parametrize("chaining", [True, False])
+@pytest.mark.parametrize("chaining", [True, pytest.param(False, marks=pytest.mark.slow)])
 def test_branch_splits_a_stream_in_two(ray_session, chaining):
     xs = list(range(2000)) + ["bad"]
     f = rf.Dataflow("branch")

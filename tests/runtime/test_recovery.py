@@ -81,6 +81,7 @@ def _run_with_failure(bs, wc_input, name, inject, **specs):
     return _committed(bs, out), job
 
 
+@pytest.mark.slow
 def test_exactly_once_after_kill_mid_window(ray_session, kafka_broker, wc_input, expected):
     import ray
 
@@ -102,6 +103,7 @@ def test_exactly_once_after_crash_during_checkpoint(ray_session, kafka_broker, w
     assert got == expected
 
 
+@pytest.mark.slow
 def test_exactly_once_after_crash_between_precommit_and_commit(ray_session, kafka_broker,
                                                                wc_input, expected, tmp_path):
     got, job = _run_with_failure(
@@ -119,6 +121,7 @@ def _ids_flow(topic_in, topic_out, bs, name):
     return flow
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("guarantee", ["at_least_once", "at_most_once"])
 def test_at_least_and_at_most_once_after_kill(ray_session, kafka_broker, wc_input, guarantee):
     import ray

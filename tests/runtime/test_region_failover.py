@@ -50,7 +50,7 @@ def _run(bs, topic_in, strategy):
     return job, before, after, Counter(read_values(bs, out, "read_committed"))
 
 
-@pytest.mark.parametrize("strategy", ["region", "full"])
+@pytest.mark.parametrize("strategy", ["region", pytest.param("full", marks=pytest.mark.slow)])
 def test_only_the_failed_region_restarts_and_output_is_exactly_once(
         ray_session, kafka_broker, region_input, strategy):
     job, before, after, got = _run(kafka_broker.bootstrap, region_input, strategy)

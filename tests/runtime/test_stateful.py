@@ -117,7 +117,7 @@ def test_rescale_running_job_moves_keyed_state_and_partitions(ray_session, kafka
     assert sorted(got) == expected
 
 
-@pytest.mark.parametrize("backend", ["filesystem", "rocksdb"])
+@pytest.mark.parametrize("backend", [pytest.param("filesystem", marks=pytest.mark.slow), "rocksdb"])
 def test_subsumed_snapshots_are_deleted(ray_session, backend, tmp_path):
     """Each completed checkpoint deletes the operators' older snapshots: however many
     checkpoints a job takes, an instance keeps the latest (plus at most one in flight)."""

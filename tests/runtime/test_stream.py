@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import rayflow as rf
-from rayflow.errors import StepError
+from rayflow.errors import ConfigError, StepError
 
 
 def _run(flow, **stream):
@@ -61,6 +61,23 @@ def test_actor_env_sets_the_environment_of_its_steps_only(ray_session):
     # threshold); a step's actor_env goes on top of it, for that step only
     assert job.collect("out") == [(None, "unset", "2", str(4 << 20),
                                    "yes", "unset", "2", str(1 << 26))] * 2
+
+
+def test_a_steps_process_profile_sets_the_environment_of_its_actor_only(ray_session):
+    f = rf.Dataflow("profile")
+    (f.source("in", rf.MemorySource([1]))
+      .map("plain", _env)
+      .map("whole", lambda r: (*r, *_env(None)), start_new_chain=True,
+           process_profile="whole_pipeline", actor_env={"RF_TEST_ENV": "mine"})
+      .sink("out", rf.CollectSink()))
+    job = f.run(timeout_s=120, background=True)
+    job.wait(120)
+    # the job's "default" profile, then "whole_pipeline" (64 MiB trim) under the actor_env
+    assert job.collect("out") == [(None, "unset", "2", str(4 << 20),
+                                   "mine", "unset", "2", str(64 << 20))]
+    with pytest.raises(ConfigError, match="step 'x': option process_profile: "
+                                             "ray.process_profiles has no profile 'nope'"):
+        f.source("again", rf.MemorySource([1])).map("x", _env, process_profile="nope")
 
 
 def test_key_by_sends_equal_keys_to_one_instance(ray_session):
