@@ -169,9 +169,10 @@ class StreamOptions(BaseModel):
                                description="batches in flight per channel before the sender "
                                "waits")
     channel_target_s: float = Field(
-        0.25, ge=0, description="seconds of work a channel may queue at its receiver: fewer "
-        "batches fly when each takes long (as Flink's buffer debloating), so barriers wait "
-        "less and checkpoints stay short; 0 keeps channel_calls always")
+        0.0, ge=0, description="seconds of work a channel may queue at its receiver: fewer "
+        "batches fly when each takes long, and sources batch less (as Flink's buffer "
+        "debloating), so barriers wait less and checkpoints are shorter, at a cost in "
+        "throughput; 0 (off) keeps channel_calls and batch_size always")
     on_error: Literal["raise", "dead_letter"] = Field(
         "raise", description="a record that makes user code raise fails the job (raise) or "
         "becomes a dead letter (dead_letter); per step: on_error=")
