@@ -626,7 +626,8 @@ class StepHost:
 
     @ray.method(concurrency_group="control")
     def trigger_checkpoint(self, checkpoint_id: int, stop_after: bool = False) -> None:
-        self.head.trigger_checkpoint(checkpoint_id, stop_after)
+        if self.head is not None:  # None: its step failed to build, the job is failing
+            self.head.trigger_checkpoint(checkpoint_id, stop_after)
 
     @ray.method(concurrency_group="control")
     def notify_complete(self, checkpoint_id: int, final: frozenset = frozenset()) -> None:
@@ -635,7 +636,8 @@ class StepHost:
 
     @ray.method(concurrency_group="control")
     def stop(self) -> None:
-        self.head.stop()
+        if self.head is not None:
+            self.head.stop()
 
     @ray.method(concurrency_group="control")
     def status(self, key: tuple[str, int] | None = None) -> dict:

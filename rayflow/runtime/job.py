@@ -350,7 +350,8 @@ class Job:
         coordinator is gone, or which actors died cannot be told)."""
         import ray
 
-        if self.config.checkpoint.failover_strategy != "region" or not self.hosts:
+        if self.config.checkpoint.failover_strategy != "region" or not self.hosts or \
+                self.coordinator is None:
             return None
         from rayflow.runtime.plan import regions
 
