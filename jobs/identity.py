@@ -10,8 +10,8 @@ Input records are ``msgId,eventTime``; the job writes ``msgId,eventTime,inTime,o
 from __future__ import annotations
 
 import json
-import uuid
 import time
+import uuid
 
 import click
 
