@@ -63,15 +63,21 @@ def _slow_on_tens(x: int) -> int:
     return x
 
 
-def test_a_running_jobs_series_reach_prometheus_with_its_labels(ray_session):
-    """While a job runs, the scrape shows its series, labelled by job, step and instance."""
-    job_name = f"metrics-live-{uuid.uuid4().hex[:8]}"
+def _slow_flow(job_name: str, rate: int) -> rf.Dataflow:
+    """A generator, a keyed slow step of 2 instances that dead-letters every tenth record,
+    and a collecting sink."""
     flow = rf.Dataflow(job_name)
-    (flow.source("src", rf.GeneratorSource(lambda i: i, rate=2000))
+    (flow.source("src", rf.GeneratorSource(lambda i: i, rate=rate))
          .key_by(lambda x: x % 7)
          .map("slow", _slow_on_tens, parallelism=2, on_error="dead_letter")
          .sink("out", rf.CollectSink()))
-    job = rf.run(flow, background=True, checkpoint={"interval_s": 0.3},
+    return flow
+
+
+def test_a_running_jobs_series_reach_prometheus_with_its_labels(ray_session):
+    """While a job runs, the scrape shows its series, labelled by job, step and instance."""
+    job_name = f"metrics-live-{uuid.uuid4().hex[:8]}"
+    job = rf.run(_slow_flow(job_name, 2000), background=True, checkpoint={"interval_s": 0.3},
                  stream={"batch_size": 64})
     try:
         def every_instance(series):
@@ -93,12 +99,7 @@ def test_a_running_jobs_series_reach_prometheus_with_its_labels(ray_session):
 @pytest.mark.slow
 def test_a_jobs_series_reach_prometheus_with_its_labels_and_counts(ray_session):
     job_name = f"metrics-{uuid.uuid4().hex[:8]}"
-    flow = rf.Dataflow(job_name)
-    (flow.source("src", rf.GeneratorSource(lambda i: i, rate=1000))
-         .key_by(lambda x: x % 7)
-         .map("slow", _slow_on_tens, parallelism=2, on_error="dead_letter")
-         .sink("out", rf.CollectSink()))
-    job = rf.run(flow, background=True, checkpoint={"interval_s": 0.3},
+    job = rf.run(_slow_flow(job_name, 1000), background=True, checkpoint={"interval_s": 0.3},
                  stream={"channel_calls": 1, "batch_size": 64, "latency_sample_every": 1})
     # while it runs: the gauge of the source's last snapshot (its position) is there
     live = _wait_for(ray_session, job_name,

@@ -80,8 +80,8 @@ class CoordinatorActor:
                 return None
             self._do(self.core.restart(set(map(tuple, tasks)), time.time()))
             self.paused = True
-            return {"latest": self.core.latest, "next_id": self.core.next_id,
-                    "positions": dict(self.positions)}
+            self.restore_point = {"latest": self.core.latest, "next_id": self.core.next_id}
+            return {**self.restore_point, "positions": dict(self.positions)}
 
     def resume_region(self, hosts: dict, sources: list) -> bool:
         """The restarted region's hosts are up: coordinate them with the others."""

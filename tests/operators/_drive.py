@@ -113,3 +113,44 @@ def two_inputs(left_parts, right_parts, step=17, delay=2.0, time=lambda r: r[1])
             feed.append((r[0], r[1], min(wm)))
             index.append(i)
     return feed, index
+
+
+def sessions_reference(records, gap):
+    """Plain-Python sessions of ``(key, t, _)`` records: ``Counter((key, count, last t))``
+    per session, a session ending where two of its key's times are more than ``gap`` apart."""
+    from collections import Counter, defaultdict
+
+    by_key = defaultdict(list)
+    for k, t, _ in records:
+        by_key[k].append(t)
+    want: Counter = Counter()
+    for k, ts in by_key.items():
+        ts.sort()
+        n, prev = 0, ts[0]
+        for t in ts:
+            if t - prev > gap:
+                want[(k, n, prev)] += 1
+                n = 0
+            n, prev = n + 1, t
+        want[(k, n, prev)] += 1
+    return want
+
+
+def lookup_reference(stream, table, how="inner"):
+    """Plain-Python temporal join: each ``(key, t, ...)`` record of ``stream`` with the
+    latest version of its key in ``table`` at or before ``t`` (``how="left"``: or None)."""
+    import bisect
+    from collections import Counter, defaultdict
+
+    versions = defaultdict(list)
+    for v in sorted(table, key=lambda v: v[1]):
+        versions[v[0]].append(v)
+    want: Counter = Counter()
+    for r in stream:
+        vs = versions.get(r[0], [])
+        i = bisect.bisect_right([v[1] for v in vs], r[1])
+        if i:
+            want[(r[0], r, vs[i - 1])] += 1
+        elif how == "left":
+            want[(r[0], r, None)] += 1
+    return want

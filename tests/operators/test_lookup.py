@@ -1,8 +1,7 @@
 """Lookup joins and cached enrichment without Ray, against plain Python, on every state
 backend, through a restore and a rescale."""
 
-import bisect
-from collections import Counter, defaultdict
+from collections import Counter
 
 import numpy as np
 import pytest
@@ -10,17 +9,16 @@ import pytest
 from rayflow.operators.base import StepContext
 from rayflow.operators.lookup import EnrichCached, LookupJoin
 from rayflow.operators.windows import EventTime
-from rayflow.state import backend_from_name
-from tests.operators._drive import ctx_for, partitions, rescaled_run, run_logic, two_inputs
+from tests.operators._drive import (
+    ctx_for,
+    lookup_reference,
+    partitions,
+    rescaled_run,
+    run_logic,
+    two_inputs,
+)
 
 KEY = lambda r: r[0]  # noqa: E731
-
-
-@pytest.fixture(params=["memory", "filesystem", "rocksdb"])
-def backend(request, tmp_path):
-    if request.param == "rocksdb":
-        pytest.importorskip("rocksdict")
-    return backend_from_name(request.param, str(tmp_path))
 
 
 def _data(seed=0, n=900, versions=150, keys=7, span=200.0):
@@ -32,19 +30,7 @@ def _data(seed=0, n=900, versions=150, keys=7, span=200.0):
     return stream, table
 
 
-def _reference(stream, table, how="inner"):
-    versions = defaultdict(list)
-    for v in sorted(table, key=lambda v: v[1]):
-        versions[v[0]].append(v)
-    want = Counter()
-    for r in stream:
-        vs = versions.get(r[0], [])
-        i = bisect.bisect_right([v[1] for v in vs], r[1])
-        if i:
-            want[(r[0], r, vs[i - 1])] += 1
-        elif how == "left":
-            want[(r[0], r, None)] += 1
-    return want
+
 
 
 def _feed(stream, table, seed=0):
@@ -57,7 +43,7 @@ def test_event_time_lookup_join_is_the_value_as_of_each_record(backend, how):
     feed, index = _feed(stream, table)
     logic = LookupJoin(KEY, KEY, how, EventTime()).build(ctx_for(backend))
     got = run_logic(logic, feed, index)
-    assert Counter(got) == _reference(stream, table, how)
+    assert Counter(got) == lookup_reference(stream, table, how)
     # only what a later record can still need is kept: of 150 versions, a few per key
     kept = [len(v) for k, v in logic.state.items() if k[0] == "__t"]
     assert len(kept) == 7 and max(kept) <= 2
@@ -79,7 +65,7 @@ def test_lookup_join_after_a_restore(backend):
     assert any(k[0] == "__l" for k, _ in first.state.items())  # records waiting
     rest_index = index[half:]
     got += run_logic(spec.build(ctx_for(backend), handle), feed[half:], rest_index)
-    assert Counter(got) == _reference(stream, table)
+    assert Counter(got) == lookup_reference(stream, table)
 
 
 def test_lookup_join_rescaled(backend):
@@ -88,7 +74,7 @@ def test_lookup_join_rescaled(backend):
     third = len(feed) // 3
     got = rescaled_run(LookupJoin(KEY, KEY, "left", EventTime()), backend, feed[:third],
                        feed[third:], lambda r, n: r[0], index=index)
-    assert Counter(got) == _reference(stream, table, "left")
+    assert Counter(got) == lookup_reference(stream, table, "left")
 
 
 def test_processing_time_lookup_join_takes_the_latest_value(backend):

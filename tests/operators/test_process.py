@@ -2,24 +2,24 @@
 backend, through a restore and a rescale."""
 
 import math
-from collections import Counter, defaultdict
+from collections import Counter
 
 import numpy as np
 import pytest
 
 from rayflow.operators.base import StepContext
 from rayflow.operators.process import KeyedProcessFunction, Process, TimerQueue
-from rayflow.state import backend_from_name
-from tests.operators._drive import collect, ctx_for, partitions, rescaled_run, rounds, run_logic
+from tests.operators._drive import (
+    collect,
+    ctx_for,
+    partitions,
+    rescaled_run,
+    rounds,
+    run_logic,
+    sessions_reference,
+)
 
 GAP = 3.0
-
-
-@pytest.fixture(params=["memory", "filesystem", "rocksdb"])
-def backend(request, tmp_path):
-    if request.param == "rocksdb":
-        pytest.importorskip("rocksdict")
-    return backend_from_name(request.param, str(tmp_path))
 
 
 class CountWithTimeout(KeyedProcessFunction):
@@ -63,21 +63,7 @@ def _records(seed=1, n=1500, keys=6, span=1500.0):
                                                                           ts))]
 
 
-def _reference(records):
-    by_key = defaultdict(list)
-    for k, t, _ in records:
-        by_key[k].append(t)
-    want = Counter()
-    for k, ts in by_key.items():
-        ts.sort()
-        n, prev = 0, ts[0]
-        for t in ts:
-            if t - prev > GAP:
-                want[(k, n, prev)] += 1
-                n = 0
-            n, prev = n + 1, t
-        want[(k, n, prev)] += 1
-    return want
+
 
 
 def test_timer_queue_orders_dedups_and_deletes():
@@ -104,7 +90,7 @@ def test_event_time_timers_match_python(backend):
     recs = _records()
     got = run_logic(Process(CountWithTimeout(), lambda r: r[0]).build(ctx_for(backend)),
                     rounds(partitions(recs, 3, delay=2.0), delay=2.0))
-    assert Counter(got) == _reference(recs)
+    assert Counter(got) == sessions_reference(recs, GAP)
 
 
 def test_timers_fire_after_a_restore(backend):
@@ -121,7 +107,7 @@ def test_timers_fire_after_a_restore(backend):
     assert len(first.queues["event_time"]) > 0  # timers pending at the snapshot
     first.close()
     got += run_logic(spec.build(ctx_for(backend), handle), feed[len(feed) // 2:])
-    assert Counter(got) == _reference(recs)
+    assert Counter(got) == sessions_reference(recs, GAP)
 
 
 def test_rescale_moves_values_and_timers_to_their_owners(backend):
@@ -129,7 +115,7 @@ def test_rescale_moves_values_and_timers_to_their_owners(backend):
     feed = list(rounds(partitions(recs, 3, delay=2.0), delay=2.0))
     got = rescaled_run(Process(CountWithTimeout(), lambda r: r[0]), backend,
                        feed[:len(feed) // 3], feed[len(feed) // 3:], lambda r, n: r[0])
-    assert Counter(got) == _reference(recs)
+    assert Counter(got) == sessions_reference(recs, GAP)
 
 
 def test_processing_time_timers_fire_on_the_clock():

@@ -19,18 +19,10 @@ from rayflow.operators.windows import (
     TumblingWindow,
     Windowed,
 )
-from rayflow.state import backend_from_name
 from tests.operators._drive import ctx_for
 
 TTL = 10.0
 KEY = lambda r: r[0]  # noqa: E731
-
-
-@pytest.fixture(params=["memory", "filesystem", "rocksdb"])
-def backend(request, tmp_path):
-    if request.param == "rocksdb":
-        pytest.importorskip("rocksdict")
-    return backend_from_name(request.param, str(tmp_path))
 
 
 def _element(rec, ctx):

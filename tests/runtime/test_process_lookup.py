@@ -2,11 +2,10 @@
 out-of-order input from several source instances, parallelism 1 (chained) and 3, against
 plain Python; and exactly-once through an actor killed mid-stream, on each state backend."""
 
-import bisect
 import json
 import math
 import time
-from collections import Counter, defaultdict
+from collections import Counter
 
 import numpy as np
 import pytest
@@ -15,6 +14,7 @@ import rayflow as rf
 from rayflow.errors import ConfigError
 from rayflow.operators.process import KeyedProcessFunction
 from rayflow.operators.windows import EventTime
+from tests.operators._drive import lookup_reference, sessions_reference
 
 GAP = 3.0
 # no idle timeout: on a loaded machine a partition can pause for longer than one, and then
@@ -64,34 +64,10 @@ def _records(seed, n, name, keys=6, span=400.0):
             for i, (k, x) in enumerate(zip(rng.integers(0, keys, n), t))]
 
 
-def _sessions_reference(records):
-    by_key = defaultdict(list)
-    for k, t, _ in records:
-        by_key[k].append(t)
-    want = Counter()
-    for k, ts in by_key.items():
-        ts.sort()
-        n, prev = 0, ts[0]
-        for t in ts:
-            if t - prev > GAP:
-                want[(k, n, prev)] += 1
-                n = 0
-            n, prev = n + 1, t
-        want[(k, n, prev)] += 1
-    return want
 
 
-def _lookup_reference(stream, table):
-    versions = defaultdict(list)
-    for v in sorted(table, key=lambda v: v[1]):
-        versions[v[0]].append(v)
-    want = Counter()
-    for r in stream:
-        vs = versions.get(r[0], [])
-        i = bisect.bisect_right([v[1] for v in vs], r[1])
-        if i:
-            want[(r[0], r, vs[i - 1])] += 1
-    return want
+
+
 
 
 @pytest.mark.parametrize("par,chaining", CASES)
@@ -106,8 +82,8 @@ def test_process_and_lookup_join_match_python(ray_session, par, chaining):
                                           parallelism=par)
       .sink("joined", rf.CollectSink(), parallelism=par))
     job = f.run(stream={"batch_size": 64, "chaining": chaining}, timeout_s=180)
-    assert Counter(tuple(r) for r in job.collect("sessions")) == _sessions_reference(stream)
-    assert Counter(job.collect("joined")) == _lookup_reference(stream, table)
+    assert Counter(tuple(r) for r in job.collect("sessions")) == sessions_reference(stream, GAP)
+    assert Counter(job.collect("joined")) == lookup_reference(stream, table)
 
 
 def test_enrich_cached_and_ttl_counted_in_metrics(ray_session):
@@ -207,9 +183,9 @@ def test_exactly_once_through_a_killed_actor(ray_session, kafka_broker, new_topi
     assert len(job.recoveries) == 1 and job.recoveries[0]["restored_checkpoint"] is not None
     sessions = [tuple(json.loads(v)) for v in read_values(bs, t_sess, "read_committed")]
     joined = [json.loads(v) for v in read_values(bs, t_join, "read_committed")]
-    assert Counter(sessions) == _sessions_reference(stream)
+    assert Counter(sessions) == sessions_reference(stream, GAP)
     assert Counter((k, tuple(r), tuple(v)) for k, r, v in joined) == \
-        _lookup_reference(stream, table)
+        lookup_reference(stream, table)
     enriched = [json.loads(v) for v in read_values(bs, t_enriched, "read_committed")]
     assert sorted((k, tuple(r), v) for k, r, v in enriched) == sorted(
         (r[0], r, f"name-of-{r[0]}") for r in stream)
@@ -241,6 +217,6 @@ def test_rescale_from_a_savepoint_moves_values_timers_and_tables(ray_session, ka
     job2.wait(240)
     sessions = [tuple(json.loads(v)) for v in read_values(bs, t_sess, "read_committed")]
     joined = [json.loads(v) for v in read_values(bs, t_join, "read_committed")]
-    assert Counter(sessions) == _sessions_reference(stream)
+    assert Counter(sessions) == sessions_reference(stream, GAP)
     assert Counter((k, tuple(r), tuple(v)) for k, r, v in joined) == \
-        _lookup_reference(stream, table)
+        lookup_reference(stream, table)
