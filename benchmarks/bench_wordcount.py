@@ -1,25 +1,34 @@
-"""W4 windowed word count (seed 003), Kafka to Kafka, with a same-run plain Python floor.
+"""W4 windowed word count (seed 003), Kafka to Kafka, every system measured the same way.
 
-    python benchmarks/bench_wordcount.py [--quick]
+    python benchmarks/bench_wordcount.py [--quick] [--rounds 3]
 
-Runs on the embedded broker and a private local Ray: parallelism 1, 2, 4 (parser and
-window); exactly-once vs at-least-once vs at-most-once; memory vs filesystem vs RocksDB
-state; checkpoint duration and size. Throughput counts input sentences per second:
-sentences / (last outTime - first inTime).
+On the embedded broker and a private local Ray. The input is realistic text: sentences of 16
+words drawn by Zipf's law from a 10,000-word vocabulary (the anchor data: ~1,000 distinct
+words, ~16 a sentence), the same pre-filled topic for every system. Each system writes the
+same window records (word, window, count, min/max eventTime, min/max inTime, outTime); the
+figures come from those records read back (``_streams``): sentences / (last outTime - first
+inTime), a "delivered" figure up to the final flush or commit, and start-up apart. Systems
+run in interleaved rounds; medians with the min-max are reported.
+
+Systems: a plain confluent-kafka loop (consume -> parse -> count -> produce in one process,
+the same client and settings as rayflow's connectors); rayflow at parallelism 1 (every step
+chained in one process), 1 split (the window in a second process), 2 and 4; Bytewax and
+Pathway where installed; the guarantees and state backends at parallelism 1; a 10^6-word
+vocabulary (per-record state access) on the memory and RocksDB backends; kafka-python beside
+its own plain loop; the time back to full rate after a failure.
 """
 
 from __future__ import annotations
 
-import json
 import pickle
 import sys
 import tempfile
 import time
-from collections import defaultdict
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import _streams as S  # noqa: E402
 import click  # noqa: E402
 from _common import print_table, ratio, write_result  # noqa: E402
 from report.published import W4_WORDCOUNT as PUBLISHED  # noqa: E402
@@ -27,49 +36,95 @@ from report.published import W4_WORDCOUNT as PUBLISHED  # noqa: E402
 import rayflow as rf  # noqa: E402
 from rayflow._raycontext import ensure_ray  # noqa: E402
 from rayflow.connectors.kafka import create_topic, produce  # noqa: E402
-from rayflow.examples.wordcount import build_flow, parse, sentences  # noqa: E402
+from rayflow.examples.wordcount import build_flow, sentences  # noqa: E402
+
+WORDS_PER_SENTENCE = 16
 
 
-def plain_loop(records: list[bytes]) -> float:
-    """The per-record floor: one process, parse + split + count window of 10 + format."""
-    t0 = time.perf_counter()
-    windows: dict = defaultdict(lambda: [0, float("inf"), float("-inf")])
-    out = []
-    for rec in records:
-        for word, ev, _ in parse(rec):
-            w = windows[word]
-            w[0] += 1
-            w[1] = min(w[1], ev)
-            w[2] = max(w[2], ev)
-            if w[0] == 10:
-                out.append(json.dumps({"word": word, "count": 10, "min": w[1], "max": w[2],
-                                       "outTime": time.time()}).encode())
-                del windows[word]
-    return len(records) / (time.perf_counter() - t0)
+def _topic(bs: str, prefix: str) -> str:
+    t = f"{prefix}-{time.time_ns()}"
+    create_topic(bs, t, 1)
+    return t
 
 
-def run_once(bs: str, topic: str, n: int, parallelism: int, guarantee: str, backend: str,
-             state_dir: str, client: str) -> dict:
-    out = f"wc-out-{time.time_ns()}"
-    create_topic(bs, out, 1)
-    flow = build_flow(topic, out, bs, parallelism, name=f"wc-{time.time_ns()}", client=client)
-    job = rf.run(flow, checkpoint={"processing_guarantee": guarantee, "state_backend": backend,
-                                   "state_dir": state_dir, "interval_s": 0.5})
-    m = job.metrics()
-    span = m["sink"]["last_out_time"] - (m["sink"]["first_in_time"] or 0)
-    chks = [c for c in job.checkpoints() if c["status"] == "completed"]
-    latest = job.last_checkpoint()
-    size = len(pickle.dumps(latest.handles)) if latest else 0
-    lat = job.latency()
-    return {"parallelism": parallelism, "guarantee": guarantee, "state_backend": backend,
-            "client": client,
-            "sentences": m["source"]["records_out"], "windows": m["sink"]["records_in"],
-            "rec_s": round(n / span) if span > 0 else None,
-            "p50_ms": lat["p50_ms"], "p99_ms": lat["p99_ms"],
-            "checkpoints": len(chks),
-            "checkpoint_ms_median": round(1000 * sorted(c["duration_s"] for c in chks)[
-                len(chks) // 2], 1) if chks else None,
-            "checkpoint_handle_bytes": size}
+def word_counts(records: list[bytes]) -> dict[str, int]:
+    """How often each word occurs in the input."""
+    import json
+    from collections import Counter
+
+    return dict(Counter(w for r in records for w in json.loads(r)["sentence"].split()))
+
+
+def _check(fig: dict, records: list[bytes], counts: dict[str, int], partial: bool = True) -> dict:
+    """Every word of the input counted once: the windows' counts sum to the words (to the
+    words in complete windows, for a peer that, having no count window of its own, emits
+    none for a word's last, unfinished one)."""
+    import json
+
+    counted = sum(json.loads(r)["count"] for r in records)
+    fig["words_counted"] = counted
+    want = sum(counts.values()) if partial else sum(10 * (c // 10) for c in counts.values())
+    if counted != want:
+        raise AssertionError(f"{counted} words counted, {want} expected")
+    return fig
+
+
+def plain(bs: str, topic: str, n: int, client: str, counts: dict[str, int]):
+    def run(_round: int) -> dict:
+        out = _topic(bs, "wc-plain")
+        t0 = time.time()
+        t_done = S.plain_wordcount(client, bs, topic, out, n)
+        recs = S.read_back(bs, out)
+        return _check(S.figures(n, recs, S.wordcount_stamps, t0, t_done), recs, counts)
+    return run
+
+
+def rayflow(bs: str, topic: str, n: int, counts: dict[str, int], parallelism: int = 1,
+            split: bool = False,
+            guarantee: str = "at_least_once", backend: str = "memory", state_dir: str = "",
+            client: str = "confluent"):
+    def run(_round: int) -> dict:
+        out = _topic(bs, "wc-rf")
+        flow = build_flow(topic, out, bs, parallelism, name=f"wc-{time.time_ns()}",
+                          client=client, split=split)
+        t0 = time.time()
+        job = rf.run(flow, checkpoint={"processing_guarantee": guarantee,
+                                       "state_backend": backend, "state_dir": state_dir,
+                                       "interval_s": 0.5})
+        m = job.metrics()["sink"]
+        recs = S.read_back(bs, out)
+        fig = _check(S.figures(n, recs, S.wordcount_stamps, t0, m["delivered_time"]), recs,
+                     counts)
+        chks = sorted(c["duration_s"] for c in job.checkpoints() if c["status"] == "completed")
+        latest = job.last_checkpoint()
+        fig.update(job_rec_s=round(job.throughput()), checkpoints=len(chks),
+                   checkpoint_ms_median=round(1000 * chks[len(chks) // 2], 1) if chks else None,
+                   checkpoint_handle_bytes=len(pickle.dumps(latest.handles)) if latest else 0,
+                   processes=len(job.actors()))
+        return fig
+    return run
+
+
+def peer(name: str, bs: str, topic: str, n: int, counts: dict[str, int]):
+    from peers_stream import run_peer
+
+    def run(_round: int) -> dict:
+        out = _topic(bs, f"wc-{name}")
+        r = run_peer(name, "wordcount", bs, topic, out, n)
+        recs = S.read_back(bs, out)
+        fig = _check(S.figures(n, recs, S.wordcount_stamps, r["t_launch"], r["t_done"]), recs,
+                     counts, partial=False)
+        fig.update(version=r.get("version"), workers=r.get("workers"), notes=r.get("notes"))
+        return fig
+    return run
+
+
+def installed_peers() -> list[str]:
+    try:
+        from peers_stream import AVAILABLE
+    except ImportError:
+        return []
+    return [p for p, ok in AVAILABLE.items() if ok]
 
 
 def recovery_run(bs: str, n: int, client: str) -> dict:
@@ -81,12 +136,11 @@ def recovery_run(bs: str, n: int, client: str) -> dict:
 
     import ray
 
-    topic, out = f"wc-rin-{time.time_ns()}", f"wc-rout-{time.time_ns()}"
-    create_topic(bs, topic, 1)
-    create_topic(bs, out, 1)
-    produce(bs, topic, sentences(n))
-    job = rf.run(build_flow(topic, out, bs, 1, name=f"wc-rec-{time.time_ns()}", client=client),
-                 background=True)
+    topic, out = _topic(bs, "wc-rin"), _topic(bs, "wc-rout")
+    produce(bs, topic, sentences(n, vocabulary=10_000, words=WORDS_PER_SENTENCE),
+            client="confluent")
+    job = rf.run(build_flow(topic, out, bs, 1, name=f"wc-rec-{time.time_ns()}", client=client,
+                            split=True), background=True)
     waiter = threading.Thread(target=job.wait, daemon=True)
     waiter.start()
     samples: list[tuple[float, int, int]] = []  # (time, generation, sink records)
@@ -127,63 +181,109 @@ def recovery_run(bs: str, n: int, client: str) -> dict:
             "checkpoint_interval_s": job.config.checkpoint.interval_s}
 
 
-@click.command()
-@click.option("--quick", is_flag=True, help="Small sizes for a check.")
-def main(quick: bool) -> None:
-    n = 30_000 if quick else 150_000
-    try:  # librdkafka: the fast client; kafka-python (pure Python) is measured beside it
-        import confluent_kafka  # noqa: F401
+def _rows(group: dict[str, dict], base: str) -> list[dict]:
+    """One row per system: medians, min-max, and the median ratio to ``base``."""
+    rows = []
+    for name, res in group.items():
+        rows.append({"system": name, **{k: res[k] for k in res if k != "rounds"},
+                     "vs_base": S.median_ratio(res, group[base]),
+                     "delivered_vs_base": S.median_ratio(res, group[base], "delivered_rec_s"),
+                     "rounds": res["rounds"]})
+    return rows
 
-        client = "confluent"
-    except ImportError:
-        client = "kafka-python"
+
+def _print(title: str, rows: list[dict]) -> None:
+    def mm(r: dict, k: str) -> str:
+        s = r.get(k) or {}
+        return "-" if s.get("median") is None else \
+            f"{s['median']:,.0f} ({s['min']:,.0f}-{s['max']:,.0f})"
+    print_table(title, ["system", "rec/s median (min-max)", "delivered rec/s", "vs base",
+                        "delivered vs base", "start-up s"],
+                [[r["system"], mm(r, "rec_s"), mm(r, "delivered_rec_s"), r["vs_base"],
+                  r["delivered_vs_base"], (r.get("startup_s") or {}).get("median")]
+                 for r in rows])
+
+
+@click.command()
+@click.option("--quick", is_flag=True, help="Small sizes and one round, for a check.")
+@click.option("--rounds", default=3, show_default=True, help="interleaved rounds")
+def main(quick: bool, rounds: int) -> None:
+    n = 20_000 if quick else 150_000
+    rounds = 1 if quick else rounds
     ensure_ray(None)
     broker = rf.EmbeddedBroker().start()
     bs = broker.bootstrap
-    topic = f"wc-in-{time.time_ns()}"
-    create_topic(bs, topic, 1)
-    data = list(sentences(n))
-    produce(bs, topic, data)
     state_dir = tempfile.mkdtemp(prefix="rayflow-wc-")
-    result: dict = {"published": PUBLISHED, "quick": quick, "sentences": n}
+    result: dict = {"published": PUBLISHED, "quick": quick, "sentences": n, "rounds": rounds,
+                    "data": f"Zipf over 10,000 words, {WORDS_PER_SENTENCE} words a sentence",
+                    "client": "confluent",
+                    "peers_note": "the peers emit no window for a word's last, unfinished "
+                                  "count window; rayflow and the plain loop close those at the "
+                                  "end of the input"}
     try:
-        loop = max(plain_loop(data) for _ in range(2))
-        result["plain_loop_rec_s"] = round(loop)
-        result["client"] = client
-        rows = []
-        for p in (1, 2, 4):
-            rows.append(run_once(bs, topic, n, p, "at_least_once", "memory", state_dir, client))
-        for g in ("exactly_once", "at_most_once"):
-            rows.append(run_once(bs, topic, n, 1, g, "memory", state_dir, client))
-        for b in ("filesystem", "rocksdb"):
-            rows.append(run_once(bs, topic, n, 1, "at_least_once", b, state_dir, client))
-        if client != "kafka-python":
-            rows.append(run_once(bs, topic, n, 1, "at_least_once", "memory", state_dir,
-                                 "kafka-python"))
-        for r in rows:
-            r["vs_loop"] = ratio(r["rec_s"] or 0, loop)
-            r["vs_flink"] = ratio(r["rec_s"] or 0, PUBLISHED["flink_rec_s"])
-        result["runs"] = rows
-        result["recovery"] = recovery_run(bs, 120_000 if quick else 600_000, client)
+        topic = _topic(bs, "wc-in")
+        data = list(sentences(n, vocabulary=10_000, words=WORDS_PER_SENTENCE))
+        produce(bs, topic, data, client="confluent")
+        counts = word_counts(data)
+        # 1. throughput and scaling, beside the plain loop and the peers
+        systems = {"plain loop": plain(bs, topic, n, "confluent", counts),
+                   "rayflow p1": rayflow(bs, topic, n, counts),
+                   "rayflow p1 split": rayflow(bs, topic, n, counts, split=True),
+                   "rayflow p2": rayflow(bs, topic, n, counts, 2),
+                   "rayflow p4": rayflow(bs, topic, n, counts, 4)}
+        for p in installed_peers():
+            systems[f"{p} (1 worker)"] = peer(p, bs, topic, n, counts)
+        print("\nthroughput, interleaved rounds:")
+        scaling = _rows(S.interleaved(systems, rounds), "plain loop")
+        result["scaling"] = scaling
+        _print(f"W4, {n:,} sentences (Zipf, 10k words), base: the plain confluent loop",
+               scaling)
+        # 2. guarantees and state backends at parallelism 1 (commits inside the span)
+        systems = {"at-least-once": rayflow(bs, topic, n, counts),
+                   "exactly-once": rayflow(bs, topic, n, counts, guarantee="exactly_once"),
+                   "at-most-once": rayflow(bs, topic, n, counts, guarantee="at_most_once"),
+                   "filesystem": rayflow(bs, topic, n, counts, backend="filesystem",
+                                         state_dir=state_dir),
+                   "rocksdb": rayflow(bs, topic, n, counts, backend="rocksdb",
+                                      state_dir=state_dir)}
+        print("\nguarantees and backends, interleaved rounds:")
+        guar = _rows(S.interleaved(systems, rounds), "at-least-once")
+        result["guarantees"] = guar
+        _print("W4 guarantees and state backends, parallelism 1, base: at-least-once, memory",
+               guar)
+        # 3. a million-word vocabulary: state touched for nearly every record
+        big = _topic(bs, "wc-in-1m")
+        big_data = list(sentences(n, vocabulary=1_000_000, words=WORDS_PER_SENTENCE, seed=1))
+        produce(bs, big, big_data, client="confluent")
+        big_counts = word_counts(big_data)
+        del big_data
+        systems = {"plain loop": plain(bs, big, n, "confluent", big_counts),
+                   "memory": rayflow(bs, big, n, big_counts),
+                   "rocksdb": rayflow(bs, big, n, big_counts, backend="rocksdb",
+                                      state_dir=state_dir)}
+        print("\n10^6-word vocabulary, interleaved rounds:")
+        keys = _rows(S.interleaved(systems, rounds), "memory")
+        result["million_words"] = keys
+        _print("W4 on a 10^6-word vocabulary (Zipf), base: rayflow, memory state", keys)
+        # 4. the pure-Python client beside its own plain loop
+        systems = {"plain loop (kafka-python)": plain(bs, topic, n, "kafka-python", counts),
+                   "rayflow p1 (kafka-python)": rayflow(bs, topic, n, counts,
+                                                        client="kafka-python")}
+        print("\nkafka-python, interleaved rounds:")
+        kp = _rows(S.interleaved(systems, rounds), "plain loop (kafka-python)")
+        result["kafka_python"] = kp
+        _print("W4 with kafka-python, base: the plain kafka-python loop", kp)
+        result["recovery"] = recovery_run(bs, 120_000 if quick else 600_000, "confluent")
         print(f"recovery: {result['recovery']}")
-        base = rows[0]["rec_s"]
-        by = {(r["parallelism"], r["guarantee"], r["state_backend"]): r["rec_s"] for r in rows
-              if r["client"] == client}
-        result["eos_vs_alo"] = ratio(by[(1, "exactly_once", "memory")], base)
-        result["amo_vs_alo"] = ratio(by[(1, "at_most_once", "memory")], base)
-        result["rocksdb_vs_memory"] = ratio(by[(1, "at_least_once", "rocksdb")], base)
-        result["filesystem_vs_memory"] = ratio(by[(1, "at_least_once", "filesystem")], base)
-        print_table(f"W4 word count, {n} sentences, Kafka to Kafka (plain Python loop: "
-                    f"{round(loop)} rec/s; published Storm 12,000, Flink 43,000)",
-                    ["par", "client", "guarantee", "state", "rec/s", "vs loop", "vs Flink", "p50 ms",
-                     "p99 ms", "chk", "chk ms", "chk bytes"],
-                    [[r["parallelism"], r["client"], r["guarantee"], r["state_backend"], r["rec_s"],
-                      r["vs_loop"], r["vs_flink"], r["p50_ms"], r["p99_ms"], r["checkpoints"],
-                      r["checkpoint_ms_median"], r["checkpoint_handle_bytes"]] for r in rows])
-        print(f"exactly-once / at-least-once: {result['eos_vs_alo']} (Flink: 0.937)")
-        print(f"at-most-once / at-least-once: {result['amo_vs_alo']} (Storm: 1.168)")
-        print(f"rocksdb / memory: {result['rocksdb_vs_memory']} (Flink: ~0.1); "
-              f"filesystem / memory: {result['filesystem_vs_memory']} (Flink: ~1)")
+        by = {r["system"]: r for r in guar}
+        result["eos_vs_alo"] = by["exactly-once"]["delivered_vs_base"]
+        result["amo_vs_alo"] = by["at-most-once"]["vs_base"]
+        result["filesystem_vs_memory"] = by["filesystem"]["vs_base"]
+        result["rocksdb_vs_memory_1m_words"] = next(
+            r["vs_base"] for r in keys if r["system"] == "rocksdb")
+        result["vs_flink"] = ratio(
+            next(r["rec_s"]["median"] for r in scaling if r["system"] == "rayflow p1"),
+            PUBLISHED["flink_rec_s"])
     finally:
         broker.stop()
     path = write_result("wordcount_quick" if quick else "wordcount", result)

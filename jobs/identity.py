@@ -80,6 +80,8 @@ def main(address, bootstrap, input_topic, output_topic, records, partitions, sle
             "job": flow.name,
             "records": m["sink"]["records_in"],
             "throughput_rec_s": round(job.throughput()),
+            # up to the sink's final flush: the records are in Kafka
+            "delivered_rec_s": round(job.throughput(delivered=True)),
             # from each record's event time (its Kafka timestamp): for a topic filled
             # before the run, mostly the time it waited there, not processing time
             "latency_since_event_ms": job.latency(),

@@ -57,6 +57,9 @@ def main(address, bootstrap, input_topic, output_topic, records, parallelism, gu
             "dead_letters": m["parse"]["dead_letters"],
             "throughput_rec_s": round(m["source"]["records_out"] / max(
                 1e-9, m["sink"]["last_out_time"] - (m["sink"]["first_in_time"] or 0))),
+            # up to the sink's final flush or (exactly-once) last commit: visible in Kafka
+            "delivered_rec_s": round(m["source"]["records_out"] / max(
+                1e-9, m["sink"]["delivered_time"] - (m["sink"]["first_in_time"] or 0))),
             # from each record's event time (its Kafka timestamp): for a topic filled
             # before the run, mostly the time it waited there, not processing time
             "latency_since_event_ms": job.latency(), "checkpoints": len(job.checkpoints()),

@@ -34,6 +34,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    NonNegativeInt,
     ValidationError,
     field_validator,
     model_validator,
@@ -173,6 +174,12 @@ class StreamOptions(BaseModel):
         "batches fly when each takes long, and sources batch less (as Flink's buffer "
         "debloating), so barriers wait less and checkpoints are shorter, at a cost in "
         "throughput; 0 (off) keeps channel_calls and batch_size always")
+    batch_target_s: float = Field(
+        0.1, ge=0, description="seconds of work one part of a batch brings a slow step "
+        "behind a rebalance, as the calls it completed show: a batch that would cost an "
+        "instance more than ten times this goes in parts dealt over the instances (a slow "
+        "step scales without a hand-set batch_size) and sources poll less; fast steps (under "
+        "0.1 ms a record) and other edges keep whole batches; 0 (off) sends batches whole")
     on_error: Literal["raise", "dead_letter"] = Field(
         "raise", description="a record that makes user code raise fails the job (raise) or "
         "becomes a dead letter (dead_letter); per step: on_error=")
@@ -189,6 +196,15 @@ class StreamOptions(BaseModel):
         "operator chaining): no serialization between them. Per step: start_new_chain=True "
         "or disable_chaining=True",
     )
+    gc_threshold: list[NonNegativeInt] | None = Field(
+        [50_000, 20, 100], min_length=3, max_length=3,
+        description="Python's cyclic garbage collector thresholds (gc.set_threshold) in each "
+        "step actor: with Python's own (700, 10, 10) a step that makes many small objects "
+        "(window accumulators, results) spends most of its time in collections over a Ray "
+        "worker's large heap (the word count: 2-3x slower); null keeps Python's, a first 0 turns collection off")
+    gc_freeze: bool = Field(
+        True, description="gc.freeze() each step actor once its steps are built: what was "
+        "alive then (modules, Ray's objects, restored state) is left out of later collections")
     scheduling_strategy: Literal["SPREAD", "DEFAULT"] = Field(
         "SPREAD",
         description="SPREAD deals step actors over the nodes; DEFAULT lets Ray pack them (an "
@@ -213,7 +229,7 @@ class StepOnlyOptions(BaseModel):
 # The stream settings a step may override; the rest (chaining, on_error) are job-wide or
 # have their own parameter.
 STEP_STREAM_OPTIONS = ("batch_size", "linger_ms", "channel_bytes", "channel_calls",
-                       "channel_target_s",
+                       "channel_target_s", "batch_target_s",
                        "latency_sample_every", "actor_num_cpus", "scheduling_strategy")
 STEP_OPTIONS = STEP_STREAM_OPTIONS + tuple(StepOnlyOptions.model_fields)
 

@@ -45,6 +45,9 @@ class StepCounters:
     checkpoint_bytes: int = 0  # their size, summed
     first_in_time: float = float("inf")  # earliest source stamp seen (sinks)
     last_out_time: float = 0.0  # latest write (sinks)
+    # when the sink's output last became durable and visible: its final flush returned, or
+    # (a sink that commits) its latest commit returned (sinks)
+    delivered_time: float = 0.0
 
     def merge(self, other: StepCounters) -> StepCounters:
         out = StepCounters()
@@ -52,7 +55,7 @@ class StepCounters:
             a, b = getattr(self, f.name), getattr(other, f.name)
             if f.name == "first_in_time":
                 v = min(a, b)
-            elif f.name == "last_out_time":
+            elif f.name in ("last_out_time", "delivered_time"):
                 v = max(a, b)
             else:
                 v = a + b
@@ -289,12 +292,16 @@ class StepExporter:
 
 
 def handle_bytes(handle: object) -> int:
-    """The size of a snapshot handle: bytes, a file or directory it names, or its pickle."""
+    """The size of a snapshot handle: bytes, a file or directory it names, what an incremental
+    snapshot wrote (``checkpoint_bytes``), or its pickle."""
     import os
     import pickle
 
     if handle is None:
         return 0
+    written = getattr(handle, "checkpoint_bytes", None)  # an incremental snapshot's own part
+    if isinstance(written, int):
+        return written
     if isinstance(handle, (bytes, bytearray, memoryview)):
         return len(handle)
     if isinstance(handle, (str, os.PathLike)) and os.path.exists(handle):

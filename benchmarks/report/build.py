@@ -43,7 +43,7 @@ class _Spec:
 _SPECS = [
     _Spec("W1", "W1 — Image stream, Gaussian blur (Storm vs IBM Streams)", "images", _w1),
     _Spec("W2", "W2 — Identity (Flink vs Storm)", "identity", _w2),
-    _Spec("W3", "W3 — Sleep (Flink vs Storm)", "identity", _w3),
+    _Spec("W3", "W3 — Sleep (Flink vs Storm)", "sleep", _w3),
     _Spec("W4", "W4 — Windowed word count (Flink vs Storm)", "wordcount", _w4),
     _Spec("W5", "W5 — Cannon's matrix multiplication (Blaze: Spark + MPI)", "cannon", _w5),
     _Spec("W6", "W6 — Conjugate gradient (Blaze: Spark + MPI)", "cg", _w6),

@@ -506,18 +506,23 @@ class _CountLogic(_StatefulLogic):
         if accs is None:
             return None
         ends = np.append(bounds[1:], len(order))
+        # per segment, as Python ints (numpy scalars cost a call each): its length and where
+        # in the input it ends
+        seg_ns, seg_last = (ends - bounds).tolist(), order[ends - 1].tolist()
+        merge, result, put = agg.merge, agg.result, state.put
         out: list = []
         closes: list[int] = []  # where each closed window closed in the input (output order)
         for key, (n, acc, seq), k0, k1 in plan:
             for k in range(k0, k1):
-                seg_acc, seg_n = accs[k], int(ends[k] - bounds[k])
-                acc = seg_acc if acc is None or not n else agg.merge(acc, seg_acc)
-                n += seg_n
+                if n and acc is not None:
+                    acc, n = merge(acc, accs[k]), n + seg_ns[k]
+                else:
+                    acc, n = accs[k], seg_ns[k]
                 if n >= size:
-                    out.append(WindowResult(key, seq, seq + 1, agg.result(acc)))
-                    closes.append(int(order[ends[k] - 1]))
+                    out.append(WindowResult(key, seq, seq + 1, result(acc)))
+                    closes.append(seg_last[k])
                     n, acc, seq = 0, None, seq + 1
-            state.put(key, (n, acc if acc is not None else agg.create(), seq))
+            put(key, (n, acc if acc is not None else agg.create(), seq))
         if len(out) > 1:
             out = [out[i] for i in np.argsort(closes, kind="stable")]
         self.touch(p[0] for p in plan)

@@ -7,6 +7,16 @@ Because an instance's own ``push`` does not return while it waits, a slow step s
 producers all the way back to the sources, and memory stays bounded by the windows.
 A batch larger than the whole byte window still goes out alone, so nothing deadlocks.
 
+Batches follow the receiver's pace. A receiver answers each ``push`` with the seconds it
+took, and the channel fits the cost of a call, ``fixed_s + per_record_s * rows``, to the last
+few (:class:`CallPace`; the first call, a warm-up, is left out). Only a rebalance edge to more
+than one instance is paced: there a batch goes in parts (:func:`deal`) while what is left
+would cost a receiver more than ``CallPace.ENGAGE`` times ``batch_target_s``, each part to
+the instance with the fewest calls in flight (round-robin among equals), so a slow step
+spreads evenly (Flink spreads records, not batches), and a source polls no more than its
+channels take in ``ENGAGE`` rounds. Other edges, and receivers faster than
+``CallPace.SLOW_RECORD_S`` a record, keep whole batches.
+
 A channel to an instance chained into the same actor is a plain call instead: the receiver
 handles the message in the sender's thread before ``emit`` returns, so it needs no window.
 """
@@ -15,9 +25,11 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import ray
 
 from rayflow.batches import Batch, EndOfStream, nbytes, partition_indices, take
@@ -83,15 +95,162 @@ class BatchSizer:
         return self.limit
 
 
+class CallPace:
+    """How many records one call to a receiver may carry, from how long its calls took.
+
+    The cost of a call is modelled as ``fixed_s + per_record_s * rows``, fitted (least
+    squares) to the last :attr:`SAMPLES` completed calls, and a part carries what costs about
+    ``target_s``, or twice the fixed cost when that is more, so that the fixed cost never
+    takes more than half a call: a receiver that pays a lot per call (a flush, a request)
+    keeps large batches. Every :attr:`PROBE`-th part is twice as large, so that the sizes
+    differ enough to tell the two costs apart. The first call is left out (warm-up), so until
+    a second one completed, a part carries :attr:`FIRST_ROWS`. Pure: the channel feeds it the
+    durations the receiver reports.
+
+        >>> p = CallPace(0.1)
+        >>> p.rows()                       # nothing measured yet
+        512
+        >>> p.observe(512, 5.0)            # the first call: warm-up, not counted
+        >>> p.rows()
+        512
+        >>> p.observe(64, 0.064)           # 1 ms a record
+        >>> [p.next_part() for _ in range(4)]   # the fourth is a probe
+        [100, 100, 100, 200]
+        >>> p.observe(100, 0.1); p.observe(200, 0.2)
+        >>> round(p.per_record_s, 6), round(p.fixed_s, 6), p.rows()
+        (0.001, 0.0, 100)
+        >>> f = CallPace(0.1)              # 0.2 s a call, whatever its size
+        >>> f.observe(512, 5.0); f.observe(64, 0.2); f.observe(32, 0.2)
+        >>> f.fixed_s, f.rows()            # splitting cannot help: no limit
+        (0.2, None)
+        >>> CallPace(0.0).rows() is None   # off: batches go whole
+        True
+    """
+
+    SAMPLES = 8
+    FIRST_ROWS = 512
+    # a batch goes in parts only when it would cost the receiver more than this many targets
+    # (a second at the default 0.1 s): smaller calls cost every step a fixed share (a Ray call,
+    # per-key work), and on a busy machine a call's measured time also holds the time its
+    # process waited for a core, so cutting finer than that costs more than it spreads
+    ENGAGE = 10
+    # and only for a receiver slower than this a record (a sleep, a request, a model call):
+    # a fast one's parts would only cut the batches of the keyed steps after it, whose cost
+    # per call grows with the keys it holds, not with its records (the W4 word count: 2.3x
+    # slower at parallelism 2 with parts)
+    SLOW_RECORD_S = 1e-4
+    PROBE = 4
+    SPREAD = 1.5  # sizes this far apart (max / min) let the fit tell fixed from per-record
+
+    def __init__(self, target_s: float):
+        self.target_s = target_s
+        self.fixed_s = 0.0
+        self.per_record_s: float | None = None  # None: no call measured yet
+        self._calls: deque = deque(maxlen=self.SAMPLES)  # (rows, seconds)
+        self._parts = 0
+        self._warm = False  # the first call was seen (and left out)
+        self.blind = False  # the receiver does not report its time: no pace to wait for
+
+    def observe(self, rows: int, seconds: float) -> None:
+        """A call of ``rows`` records took the receiver ``seconds``. The first call is not
+        counted: it pays the receiver's warm-up (imports, first connections downstream),
+        which made fast steps look slow."""
+        if rows <= 0 or seconds < 0:
+            return
+        if not self._warm:
+            self._warm = True
+            return
+        self._calls.append((rows, seconds))
+        ns = [float(n) for n, _ in self._calls]
+        ds = [d for _, d in self._calls]
+        k = len(ns)
+        if max(ns) >= self.SPREAD * min(ns):
+            mn, md = sum(ns) / k, sum(ds) / k
+            slope = sum((n - mn) * (d - md) for n, d in zip(ns, ds)) / \
+                sum((n - mn) ** 2 for n in ns)
+            fixed = md - slope * mn
+            if slope <= 0:  # all fixed cost (within the noise)
+                self.fixed_s, self.per_record_s = md, 0.0
+            elif fixed < 0:  # all per-record cost
+                self.fixed_s, self.per_record_s = 0.0, sum(ds) / sum(ns)
+            else:
+                self.fixed_s, self.per_record_s = fixed, slope
+        else:  # one size: the fixed cost as last fitted, the rest per record
+            self.per_record_s = max(0.0, (sum(ds) - k * self.fixed_s) / sum(ns))
+
+    def rows(self) -> int | None:
+        """Records one call should carry; None: no limit."""
+        if self.target_s <= 0:
+            return None
+        if self.per_record_s is None:
+            return self.FIRST_ROWS
+        if self.per_record_s <= 0:
+            return None
+        budget = max(self.target_s - self.fixed_s, self.fixed_s)
+        return max(1, int(budget / self.per_record_s * (1 + 1e-9)))  # (not 99.99999 -> 99)
+
+    def next_part(self) -> int | None:
+        """Records for the part that goes next: :meth:`rows`, or twice that for a probe."""
+        n = self.rows()
+        if n is None or self.per_record_s is None:
+            return n
+        self._parts += 1
+        return 2 * n if self._parts % self.PROBE == 0 else n
+
+
+def deal(n: int, rows_for: Callable[[int, int], int | None],
+         choose: Callable[[], int] = lambda: 0) -> Iterator[tuple[int, int, int]]:
+    """The parts of a batch of ``n`` records: ``(channel, lo, hi)``, consecutive records,
+    each to the channel ``choose()`` names and at most what ``rows_for(channel, left)`` says
+    for the ``left`` records still to go (None: no limit), both asked just before the part
+    goes, so they see the latest calls. Records keep their order within each channel.
+
+        >>> rr = iter([1, 0, 1])
+        >>> list(deal(10, lambda c, left: {0: 4, 1: 3}[c], lambda: next(rr)))
+        [(1, 0, 3), (0, 3, 7), (1, 7, 10)]
+        >>> list(deal(10, lambda c, left: None))   # no limit: one part
+        [(0, 0, 10)]
+    """
+    lo = 0
+    while lo < n:
+        ch = choose()
+        most = rows_for(ch, n - lo)
+        hi = n if most is None else min(n, lo + max(1, most))
+        yield ch, lo, hi
+        lo = hi
+
+
+def least_loaded(loads: list[int], start: int) -> int:
+    """The channel with the fewest calls in flight; among equals, the first from ``start`` on
+    (round-robin order), so equal receivers take turns and a slower one gets fewer parts.
+
+        >>> least_loaded([2, 1, 1], 0), least_loaded([2, 1, 1], 2), least_loaded([0, 0], 1)
+        (1, 2, 1)
+    """
+    k = len(loads)
+    return min(range(start, start + k), key=lambda i: loads[i % k]) % k
+
+
+def _part(batch: Batch, lo: int, hi: int) -> Batch:
+    """Records ``lo:hi`` of ``batch`` (Arrow: a zero-copy slice)."""
+    if lo == 0 and hi == len(batch):
+        return batch
+    items = batch.items
+    part = items[lo:hi] if isinstance(items, (list, np.ndarray)) else items.slice(lo, hi - lo)
+    times = None if batch.event_times is None else batch.event_times[lo:hi]
+    return Batch(part, times, batch.in_time)
+
+
 @dataclass
 class _Channel:
     handle: Any
     target: tuple[str, int]
     local: Any = None  # the receiving StepTask when it is chained into this actor
-    window: deque = field(default_factory=deque)  # (ref, nbytes)
+    window: deque = field(default_factory=deque)  # (ref, nbytes, rows)
     bytes: int = 0
     seq: int = 0  # messages sent: the receiver restores their order (see StepHost.push)
     service_s: float = 0.0  # seconds the receiver takes per call of this channel (EWMA)
+    pace: CallPace = field(default_factory=lambda: CallPace(0.0))
 
 
 class Emitter:
@@ -99,14 +258,21 @@ class Emitter:
 
     def __init__(self, source: tuple[str, int], edges: list[OutEdge],
                  handles: dict[str, list[Any]], max_bytes: int, max_calls: int,
-                 local: dict | None = None, target_s: float = 0.0):
+                 local: dict | None = None, target_s: float = 0.0,
+                 batch_target_s: float = 0.0):
         self.source = source
         self.max_bytes, self.max_calls = max_bytes, max_calls
         self.target_s = target_s
         local = local or {}
         self.edges = [
             (e, [_Channel(handles[e.downstream][t], (e.downstream, t),
-                          local.get((e.downstream, t))) for t in e.target_instances])
+                          local.get((e.downstream, t)),
+                          # parts pay only where they spread: on a rebalance edge. Elsewhere a
+                          # part goes where its whole batch would (by key, or to the one
+                          # instance), and smaller calls only repeat each call's per-key cost
+                          pace=CallPace(batch_target_s if e.partitioning == "rebalance"
+                                        and len(e.target_instances) > 1 else 0.0))
+                 for t in e.target_instances])
             for e in edges
         ]
         self._rr = [0] * len(self.edges)
@@ -136,18 +302,44 @@ class Emitter:
                     if len(idx):
                         times = None if batch.event_times is None else batch.event_times[idx]
                         part = Batch(take(batch.items, idx), times, batch.in_time)
-                        self._send(chan, part, nbytes(part.items))
+                        self._send_parts([chan], part, nbytes(part.items))
                 continue
             if size is None:
                 size = nbytes(batch.items)
             if kind == "broadcast":
                 for chan in chans:
-                    self._send(chan, batch, size)
+                    self._send_parts([chan], batch, size)
             elif kind == "rebalance" and len(chans) > 1:
-                self._send(chans[self._rr[k] % len(chans)], batch, size)
-                self._rr[k] += 1
+                self._send_parts(chans, batch, size, k)
             else:
-                self._send(chans[0], batch, size)
+                self._send_parts([chans[0]], batch, size)
+
+    def waited_s(self) -> float:
+        """Seconds this emitter and those of the steps chained after it have waited for
+        downstream credit: time a call spent that was not its own work."""
+        return self.backpressure_s + sum(c.local.emitter.waited_s() for _, chans in self.edges
+                                         for c in chans if c.local is not None)
+
+    def batch_rows(self) -> int | None:
+        """The most records one batch from here should hold: what every paced edge (a
+        rebalance to several instances) takes in ``CallPace.ENGAGE`` rounds of parts at its
+        receivers' pace, the least over the edges; a chained step answers for its own
+        outputs. None: no limit (no paced edge, or fast receivers)."""
+        most: int | None = None
+        for edge, chans in self.edges:
+            caps = [c.local.emitter.batch_rows() if c.local is not None
+                    else self._rows_for(c) for c in chans]
+            limited = [c for c in caps if c is not None]
+            if edge.partitioning in ("rebalance", "hash"):
+                if len(limited) < len(caps):  # a channel without limit takes any batch
+                    continue
+                cap = sum(limited)
+            elif limited:  # forward, broadcast: each channel gets the whole batch
+                cap = min(limited)
+            else:
+                continue
+            most = cap if most is None else min(most, cap)
+        return most
 
     def emit_eos(self, drain: bool = True) -> None:
         """Tell every connected downstream instance that this instance is done."""
@@ -185,6 +377,68 @@ class Emitter:
     def inflight_bytes(self) -> int:
         return sum(c.bytes for _, chans in self.edges for c in chans)
 
+    def _rows_for(self, chan: _Channel, left: int = 0) -> int | None:
+        """Records for the next part to ``chan``, ``left`` records still to go (0: a look,
+        not a part that goes); calls that finished are retired first, so their durations
+        count. A chained step takes any size: it runs in this thread.
+
+        Slow start: a channel whose receiver has not been measured yet gets one first part;
+        a second part waits for that call to finish and show the pace, so that neither a
+        slow receiver gets a window of guesses nor a fast one a run of small calls."""
+        pace = chan.pace
+        if chan.local is not None or pace.target_s <= 0:
+            return None
+        while chan.window and self._complete_oldest(chan, block=False):
+            pass
+        if pace.per_record_s is not None and pace.per_record_s < pace.SLOW_RECORD_S:
+            return None  # a fast receiver: whole batches
+        if not left:
+            n = pace.rows()  # a source polls what takes about ENGAGE targets
+            return None if n is None else n * pace.ENGAGE
+        if pace.per_record_s is not None and \
+                pace.fixed_s + pace.per_record_s * left <= pace.ENGAGE * pace.target_s:
+            return None  # not worth parts: what is left costs the receiver little
+        if pace.per_record_s is None and not pace.blind and left > pace.FIRST_ROWS:
+            t0 = time.perf_counter()
+            while pace.per_record_s is None and not pace.blind and \
+                    any(rows for _, _, rows in chan.window):
+                self._complete_oldest(chan, block=True)
+            self.backpressure_s += time.perf_counter() - t0
+        return pace.next_part()
+
+    def _send_parts(self, chans: list[_Channel], batch: Batch, size: int,
+                    edge: int | None = None) -> None:
+        """Send ``batch`` in parts the receivers' pace allows: to ``chans[0]``, or, for
+        rebalance edge number ``edge``, each part to the channel with the fewest calls in
+        flight (Flink's rebalance spreads records; this spreads parts to where they are
+        taken soonest)."""
+        n = len(batch)
+
+        def choose() -> int:
+            if edge is None:
+                return 0
+            self._retire(chans)
+            i = least_loaded([len(c.window) for c in chans], self._rr[edge])
+            self._rr[edge] = i + 1
+            return i
+
+        for ch, lo, hi in deal(n, lambda c, left: self._rows_for(chans[c], left), choose):
+            self._send(chans[ch], _part(batch, lo, hi), size if hi - lo == n
+                       else size * (hi - lo) // n)
+
+    def _retire(self, chans: list[_Channel]) -> None:
+        """Retire the finished calls of ``chans``, one ``ray.wait`` a round for all."""
+        while True:
+            heads = {c.window[0][0]: c for c in chans if c.window}
+            if not heads:
+                return
+            ready, _ = ray.wait(list(heads), num_returns=len(heads), timeout=0,
+                                fetch_local=False)
+            if not ready:
+                return
+            for ref in ready:
+                self._complete_oldest(heads[ref], block=True)  # done: does not wait
+
     def _send(self, chan: _Channel, msg: Any, size: int) -> None:
         if chan.local is not None:  # chained: a plain call, in this thread
             t0 = time.perf_counter()
@@ -213,22 +467,27 @@ class Emitter:
             self.backpressure_s += time.perf_counter() - t0
         ref = chan.handle.push.remote(msg, self.source, chan.seq, chan.target)
         chan.seq += 1
-        chan.window.append((ref, size))
+        chan.window.append((ref, size, len(msg) if isinstance(msg, Batch) else 0))
         chan.bytes += size
         if size:
             self.batches_out += 1
             self.bytes_out += size
 
     def _complete_oldest(self, chan: _Channel, block: bool) -> bool:
-        ref, size = chan.window[0]
+        ref, size, rows = chan.window[0]
         if not block:
             ready, _ = ray.wait([ref], timeout=0, fetch_local=False)
             if not ready:
                 return False
         try:
-            ray.get(ref)
+            took = ray.get(ref)
         except Exception as exc:  # noqa: BLE001 - re-raised as the root cause
             raise unwrap(exc) from None
         chan.window.popleft()
         chan.bytes -= size
+        if rows:
+            if isinstance(took, float):  # the receiver's own seconds for this call
+                chan.pace.observe(rows, took)
+            else:
+                chan.pace.blind = True
         return True

@@ -15,6 +15,7 @@ snapshots its state, acknowledges to the coordinator and forwards the barrier.
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import threading
@@ -119,7 +120,7 @@ class StepTask:
                 inputs: list[tuple[str, int]], local: dict[tuple[str, int], StepTask]):
         self.emitter = Emitter((self.ctx.step_id, self.ctx.instance), edges, handles,
                                self.opts.channel_bytes, self.opts.channel_calls, local,
-                               self.opts.channel_target_s)
+                               self.opts.channel_target_s, self.opts.batch_target_s)
         self._inputs = list(inputs)
         self._align = BarrierAligner(self._inputs)
         self._valve = InputWatermarks(self._inputs)
@@ -132,11 +133,13 @@ class StepTask:
         Batching adapts to load, as Flink's buffer timeout does: a batch goes out when it is
         full, when ``linger_ms`` has passed since its first record, or at once when nothing
         is in flight downstream. Low rates get low latency; high rates get big batches.
+        A batch also holds no more than a slow downstream step behind a rebalance takes in a
+        few rounds of calls at its measured pace (``batch_target_s``): it gets small batches.
         """
         reader, emitter, c = self.reader, self.emitter, self.counters
         linger_s = self.opts.linger_ms / 1000.0
         sizer = BatchSizer(self.opts.batch_size, self.opts.channel_target_s, time.monotonic())
-        batch_size = sizer.limit
+        batch_size = _paced(sizer.limit, emitter)
         at_most_once = self.ctx.guarantee == "at_most_once" and self.coordinator is not None
         parts: list = []
         times: list = []
@@ -173,7 +176,7 @@ class StepTask:
                         # a restart never replays them
                         ray.get(self.coordinator.position.remote(self._key(), reader.snapshot()))
                     self._emit_parts(parts, times, in_time)
-                    batch_size = sizer.sent(pending, time.monotonic())
+                    batch_size = _paced(sizer.sent(pending, time.monotonic()), emitter)
                     parts, times, pending = [], [], 0
                     if gen is not None:
                         self._advance_watermark()
@@ -268,8 +271,9 @@ class StepTask:
         self._export()
 
     # -- data path -----------------------------------------------------------------------
-    def push(self, msg: Any, sender: tuple[str, int], seq: int) -> None:
-        """Receive message ``seq`` of the channel from ``sender``.
+    def push(self, msg: Any, sender: tuple[str, int], seq: int) -> float | None:
+        """Receive message ``seq`` of the channel from ``sender``; return the seconds it took
+        when it handled just this message (the sender paces its batches by them), else None.
 
         Ray runs the calls of a threaded actor in the order they *arrive*, which across nodes
         need not be the order they were sent; a batch overtaking a barrier would break the
@@ -278,25 +282,36 @@ class StepTask:
         """
         if self._error is not None:
             raise self._error
+        t0 = time.perf_counter()
+        waited0 = self.emitter.waited_s() if self.emitter is not None else 0.0
+        handled = 0
         try:
             expected = self._next_seq.get(sender, 0)
             if seq != expected:
                 self._early.setdefault(sender, {})[seq] = msg
-                return
+                return None
             while True:
                 self._next_seq[sender] = seq + 1
                 if self._align.is_blocked(sender):
                     self._held.append((msg, sender))
                 else:
                     self._handle(msg, sender)
+                    handled += 1
                 early = self._early.get(sender)
                 if not early or seq + 1 not in early:
                     break
                 seq += 1
+                handled += 1  # (a message that waited: this call's time is not its own)
                 msg = early.pop(seq)
         except BaseException as exc:
             self._fail(exc)
             raise self._error from None
+        if handled != 1:
+            return None
+        # its own work: not the time it waited for credit downstream (a slow step further on
+        # must not make this one look slow: its sender would cut its batches for nothing)
+        waited = (self.emitter.waited_s() - waited0) if self.emitter is not None else 0.0
+        return max(0.0, time.perf_counter() - t0 - waited)
 
     def _handle(self, msg: Any, sender: tuple[str, int]) -> None:
         if isinstance(msg, Batch):
@@ -449,11 +464,13 @@ class StepTask:
             with self._lock:
                 if self._key() in final:
                     self.writer.commit(FINAL_EPOCH)
+                    self.counters.delivered_time = time.time()
                     if self._ended and not self._done.is_set():
                         self.writer.close()
                         self._done.set()
                 else:
                     self.writer.commit(checkpoint_id)
+                    self.counters.delivered_time = time.time()
         elif self.step.kind == "operator":
             with self._lock:
                 old = [h for c, h in self._snapshots if c < checkpoint_id]
@@ -474,6 +491,7 @@ class StepTask:
                 if not holds:
                     self.writer.flush()
                     self.writer.close()
+                    self.counters.delivered_time = time.time()
         else:
             # a savepoint stop keeps open windows in the snapshot instead
             if self._drain and not self.restored_final:
@@ -565,6 +583,14 @@ class StepTask:
         }
 
 
+def tune_gc(options: StreamOptions) -> None:
+    """The garbage collector of a step actor's process, as ``stream.gc_threshold`` and
+    ``stream.gc_freeze`` say (the steps are built: what is alive now stays alive)."""
+    if options.gc_threshold is not None:
+        gc.set_threshold(*options.gc_threshold)
+    if options.gc_freeze:
+        gc.freeze()
+
 
 # (Ray's overloads of remote() omit concurrency_groups)
 @ray.remote(concurrency_groups={"data": 1, "control": 2})  # type: ignore[call-overload]
@@ -597,6 +623,7 @@ class StepHost:
                                              describe_exception(exc))
                 break
         self.head = next(iter(self.tasks.values()), None)
+        tune_gc(options)
 
     def _task(self, key: tuple[str, int] | None) -> StepTask:
         # (a key comes back from Ray as a list; a built actor has a head)
@@ -621,8 +648,8 @@ class StepHost:
 
     @ray.method(concurrency_group="data")
     def push(self, msg: Any, sender: tuple[str, int], seq: int,
-             target: tuple[str, int] | None = None) -> None:
-        self._task(target).push(msg, sender, seq)
+             target: tuple[str, int] | None = None) -> float | None:
+        return self._task(target).push(msg, sender, seq)
 
     @ray.method(concurrency_group="control")
     def trigger_checkpoint(self, checkpoint_id: int, stop_after: bool = False) -> None:
@@ -658,6 +685,12 @@ class StepHost:
 
         mem = psutil.Process().memory_full_info()
         return {"rss": mem.rss, "uss": mem.uss}
+
+
+def _paced(batch_size: int, emitter: Emitter | None) -> int:
+    """A source's next batch: ``batch_size``, or less when the downstream is slow."""
+    most = None if emitter is None else emitter.batch_rows()
+    return batch_size if most is None else max(1, min(batch_size, most))
 
 
 def _splits(reader: Any) -> list:

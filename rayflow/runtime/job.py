@@ -826,14 +826,19 @@ class Job:
     def latency_windows(self, window_s: float = 1.0) -> list[dict]:
         return latency_windows([f["latency"] for f in self._finals.values()], window_s)
 
-    def throughput(self, step_id: str | None = None) -> float:
-        """Records / (last outTime - first inTime), over the sinks (or one sink step)."""
+    def throughput(self, step_id: str | None = None, delivered: bool = False) -> float:
+        """Records / (last outTime - first inTime), over the sinks (or one sink step): inTime
+        is when a record's batch left its source, outTime when the sink wrote it.
+
+        With ``delivered=True`` the span ends when the sinks' output was durable and
+        visible instead: their final flush returned, or, for sinks that commit
+        (exactly-once), their last commit. Start-up is in neither (``startup_s``)."""
         m = self.metrics()
         sinks = [s.step_id for s in self.flow.steps if s.kind == "sink"]
         chosen = [step_id] if step_id else sinks
         n = sum(m[s]["records_in"] for s in chosen)
         first = min((m[s]["first_in_time"] or float("inf")) for s in chosen)
-        last = max(m[s]["last_out_time"] for s in chosen)
+        last = max(m[s]["delivered_time" if delivered else "last_out_time"] for s in chosen)
         return n / (last - first) if last > first else 0.0
 
 

@@ -5,7 +5,8 @@ Each step becomes ``parallelism`` instances. An edge from step U (m instances) i
 
 - ``forward`` with m == n: instance ``u`` of D only (one-to-one, order kept);
 - ``forward`` with m != n: all of D, round-robin by batch (Flink does the same: "rebalance");
-- ``rebalance``: all of D, round-robin by batch;
+- ``rebalance``: all of D, round-robin by batch (by part of a batch when a batch would cost
+  an instance more than ``stream.batch_target_s``: see :mod:`rayflow.runtime.channel`);
 - ``hash``: all of D, each record to ``stable_hash(key) % n``;
 - ``broadcast``: all of D, every batch to every instance.
 

@@ -80,14 +80,95 @@ class _DictState(KeyValueState):
         return pickle.dumps(self.data, protocol=pickle.HIGHEST_PROTOCOL)
 
 
+class _Deleted:
+    """A delta's mark of a key deleted since its base."""
+
+
+_DELETED = _Deleted()
+
+
+@dataclass(frozen=True)
+class _Delta:
+    """An incremental memory snapshot: the keys written (or deleted) since ``base``, the
+    snapshot before it (a full one, pickled bytes, or another delta). Self-contained: it
+    holds its base, so it restores whatever happened to the checkpoints in between."""
+
+    base: bytes | _Delta
+    changes: bytes
+    depth: int
+    size: int  # bytes of the chain's deltas since its full snapshot
+
+    @property
+    def checkpoint_bytes(self) -> int:
+        """What this checkpoint wrote: its own delta."""
+        return len(self.changes)
+
+
+def _load(handle: bytes | _Delta) -> dict:
+    chain = []
+    while isinstance(handle, _Delta):
+        chain.append(handle.changes)
+        handle = handle.base
+    data = pickle.loads(handle)
+    for changes in reversed(chain):
+        for k, v in pickle.loads(changes).items():
+            if isinstance(v, _Deleted):
+                data.pop(k, None)
+            else:
+                data[k] = v
+    return data
+
+
+class _MemoryState(_DictState):
+    """Dict state with incremental snapshots, as RocksDB's incremental checkpoints: a
+    checkpoint pickles only the keys put or deleted since the previous one, on top of it.
+    A full snapshot starts a new chain when the chain is ``max_depth`` deep or its deltas
+    outgrow the last full snapshot, so restoring never reads more than about twice the state.
+    Values must be put back after a change (as with every backend): an object changed in
+    place without a put is not in the next delta."""
+
+    max_depth = 16
+
+    def __init__(self, restore: bytes | _Delta | None = None):
+        super().__init__(_load(restore) if restore is not None else None)
+        self._base = restore
+        self._full_size = len(restore) if isinstance(restore, bytes) else 0
+        self._dirty: set = set()
+
+    def put(self, key, value):
+        self.data[key] = value
+        self._dirty.add(key)
+
+    def delete(self, key):
+        self.data.pop(key, None)
+        self._dirty.add(key)
+
+    def snapshot(self, checkpoint_id):
+        base = self._base
+        depth = base.depth if isinstance(base, _Delta) else 0
+        size = base.size if isinstance(base, _Delta) else 0
+        if base is not None and depth < self.max_depth:
+            data = self.data
+            changes = pickle.dumps({k: data.get(k, _DELETED) for k in self._dirty},
+                                   protocol=pickle.HIGHEST_PROTOCOL)
+            if size + len(changes) <= max(self._full_size, 1 << 16):
+                handle: bytes | _Delta = _Delta(base, changes, depth + 1, size + len(changes))
+                self._base, self._dirty = handle, set()
+                return handle
+        full = pickle.dumps(self.data, protocol=pickle.HIGHEST_PROTOCOL)
+        self._base, self._full_size, self._dirty = full, len(full), set()
+        return full
+
+
 @dataclass(frozen=True)
 class MemoryBackend(StateBackend):
-    """State in a dict; snapshots are bytes kept by the checkpoint coordinator."""
+    """State in a dict; snapshots are bytes kept by the checkpoint coordinator, incremental
+    (only the keys changed since the previous checkpoint, on top of it)."""
 
     name = "memory"
 
     def open(self, step_id, instance, job_name, restore=None):
-        return _DictState(pickle.loads(restore) if restore else None)
+        return _MemoryState(restore or None)
 
 
 # -- filesystem ------------------------------------------------------------------------------

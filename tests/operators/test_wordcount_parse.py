@@ -53,3 +53,23 @@ def test_fast_path_output_has_the_record_paths_columns():
         records + [b"not json"], None).items
     assert fast.column_names == slow.column_names == ["word", "eventTime", "inTime"]
     assert fast.schema == slow.schema
+
+
+def test_format_windows_writes_what_to_json_writes():
+    import random
+
+    from rayflow.examples.wordcount import format_windows, to_json
+    from rayflow.operators.windows import WindowResult
+
+    rnd = random.Random(7)
+    words = ["vi", "a\"b", "back\\slash", "tab\x01", "ünï", "x" * 30]
+    results = [WindowResult(rnd.choice(words), k, k + 1,
+                            [rnd.randint(1, 10), 1.7e9 + rnd.random(), float(1_700_000_000 + k),
+                             rnd.random() * 1e-7, 1e22 * rnd.random()]) for k in range(200)]
+    fast = [json.loads(r) for r in format_windows(results)]
+    slow = [json.loads(to_json(r)) for r in results]
+    assert len({r.pop("outTime") for r in fast}) == 1  # one stamp for the batch
+    for r in slow:
+        r.pop("outTime")
+    assert fast == slow  # the same JSON values, numbers read back to the same floats
+    assert format_windows([]) == []

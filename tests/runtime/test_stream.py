@@ -26,8 +26,9 @@ def test_map_filter_flat_map_exact_output(ray_session, chaining):
       .filter("no_x", lambda w: w != "x")
       .map("upper", str.upper)
       .sink("out", rf.CollectSink()))
-    job = f.run(stream={"batch_size": 256, "chaining": chaining}, timeout_s=120,
-                background=True)
+    # batch_target_s 0: whole batches (the count below is batch_size's, not the receivers' pace)
+    job = f.run(stream={"batch_size": 256, "chaining": chaining, "batch_target_s": 0},
+                timeout_s=120, background=True)
     assert len(job.actors()) == (1 if chaining else 5)
     job.wait(120)
     expected = [w.upper() for line in lines for w in line.split() if w != "x"]
@@ -215,3 +216,33 @@ def test_missing_kafka_topic_fails_fast_with_its_name(ray_session, kafka_broker)
         "out", rf.CollectSink())
     with pytest.raises(Exception, match="no-such-topic"):
         _run(f)
+
+
+def _gc_settings(_):
+    import gc
+
+    return gc.get_threshold(), gc.get_freeze_count() > 0
+
+
+def test_step_actors_tune_the_garbage_collector_as_configured(ray_session):
+    def flow(name):
+        f = rf.Dataflow(name)
+        f.source("in", rf.MemorySource([1])).map("gc", _gc_settings).sink("out", rf.CollectSink())
+        return f
+
+    # the default: fewer collections, and what the built steps hold is frozen out of them
+    assert flow("gc-default").run(timeout_s=120).collect("out") == [((50_000, 20, 100), True)]
+    job = flow("gc-set").run(timeout_s=120, stream={"gc_threshold": [700, 10, 10],
+                                                    "gc_freeze": False})
+    assert job.collect("out") == [((700, 10, 10), False)]
+    with pytest.raises(ConfigError, match="gc_threshold"):
+        flow("gc-bad").run(timeout_s=120, stream={"gc_threshold": [700, -1, 10]})
+
+
+def test_delivered_throughput_ends_when_the_sink_flushed(ray_session):
+    f = rf.Dataflow("delivered")
+    f.source("in", rf.MemorySource(list(range(10_000)))).map("m", str).sink("out", rf.CollectSink())
+    job = f.run(timeout_s=120)
+    m = job.metrics()["out"]
+    assert m["first_in_time"] <= m["last_out_time"] <= m["delivered_time"]
+    assert 0 < job.throughput(delivered=True) <= job.throughput()

@@ -237,7 +237,12 @@ class _ConfluentConsumer(_ReadBack):
         for m in msgs:
             if m.error():
                 raise RuntimeError(f"Kafka consume error: {m.error()}")
-        return [v for m in msgs for k, v in (m.headers() or ()) if k == key]
+        out: list[bytes] = []
+        for m in msgs:
+            for header in m.headers() or ():
+                if header[0] == key and isinstance(header[1], bytes):
+                    out.append(header[1])
+        return out
 
     def _position(self, topic, parts) -> dict[int, int]:
         from confluent_kafka import TopicPartition
