@@ -25,15 +25,15 @@ from collections.abc import Callable
 from typing import Any
 
 # the clients' settings, as rayflow's Kafka connectors set them
-# (rayflow/connectors/kafka/clients.py): the plain loops and peers use the same
-CONFLUENT_CONSUMER = {"enable.auto.commit": False, "auto.offset.reset": "earliest",
-                      "fetch.wait.max.ms": 5}
-CONFLUENT_PRODUCER = {"linger.ms": 5, "acks": 1}
+# (rayflow/connectors/kafka/clients.py): the plain loops use the peers' copy, which
+# tests/test_peers_stream.py checks against rayflow's
+from peers_stream import CONSUMER_CONF as CONFLUENT_CONSUMER
+from peers_stream import POLL_RECORDS as BATCH
+from peers_stream import PRODUCER_CONF as CONFLUENT_PRODUCER
+
 KP_CONSUMER = dict(enable_auto_commit=False, auto_offset_reset="earliest",
                    fetch_max_bytes=64 * 2**20, max_partition_fetch_bytes=16 * 2**20,
                    fetch_min_bytes=1, fetch_max_wait_ms=5, max_poll_records=100_000)
-# records per consumed batch: rayflow's default source batch (stream.batch_size)
-BATCH = 16384
 KP_PRODUCER = dict(linger_ms=5, batch_size=1 << 20, max_request_size=8 << 20, acks=1)
 
 

@@ -342,6 +342,8 @@ def _w4(doc: dict, ctx: _Ctx) -> list[str]:
     scaling = doc.get("scaling") or []
     lines += ["Throughput and scaling (processes: the job's step actors; the plain loop and "
               "the peers are one process):", ""] + table(scaling, "plain loop")
+    if doc.get("peers_note"):
+        lines += [f"Peers: {doc['peers_note']}.", ""]
     guar = doc.get("guarantees") or []
     lines += ["Guarantees and state backends, parallelism 1, checkpoints every 0.5 s (the "
               "exactly-once sink's records are visible at its commits: its delivered figure "
