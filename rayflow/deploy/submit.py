@@ -224,8 +224,18 @@ def submit(entrypoint: Sequence[str] | str, *, address: str | None = None,
     resources = {k: v for k, v in (("entrypoint_num_cpus", entrypoint_num_cpus),
                                    ("entrypoint_num_gpus", entrypoint_num_gpus),
                                    ("entrypoint_memory", entrypoint_memory)) if v is not None}
-    job_id = client.submit_job(entrypoint=cmd, runtime_env=env, submission_id=submission_id,
-                               **resources)
+    deadline = time.monotonic() + connect_timeout_s
+    while True:
+        try:
+            job_id = client.submit_job(entrypoint=cmd, runtime_env=env,
+                                       submission_id=submission_id, **resources)
+            break
+        except RuntimeError as exc:
+            # a dashboard whose job agent is not up yet answers 500 "No available agent to
+            # submit job, please try again later": it is, until the connect timeout
+            if "No available agent" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(1.0)
     submit_s = time.time() - t0
     if not wait:
         st = client.get_job_status(job_id)
