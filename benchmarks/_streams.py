@@ -37,6 +37,22 @@ KP_CONSUMER = dict(enable_auto_commit=False, auto_offset_reset="earliest",
 KP_PRODUCER = dict(linger_ms=5, batch_size=1 << 20, max_request_size=8 << 20, acks=1)
 
 
+def new_topic(bs: str, prefix: str, partitions: int = 1) -> str:
+    """A fresh topic ``prefix-<ns>`` (every round writes its own)."""
+    from rayflow.connectors.kafka import create_topic
+
+    t = f"{prefix}-{time.time_ns()}"
+    create_topic(bs, t, partitions)
+    return t
+
+
+def installed_peers() -> list[str]:
+    """The stream peers (Bytewax, Pathway) importable here."""
+    from peers_stream import AVAILABLE
+
+    return [p for p, ok in AVAILABLE.items() if ok]
+
+
 def read_back(bootstrap: str, topic: str) -> list[bytes]:
     """Every committed record of ``topic`` (all partitions), read with confluent-kafka
     (``read_committed``) until nothing more comes for a second (the embedded broker's end

@@ -90,12 +90,6 @@ def in_memory(n: int, rounds: int) -> dict:
 
 # -- 2. Kafka throughput ---------------------------------------------------------------------
 
-def _topic(bs: str, prefix: str, partitions: int = 1) -> str:
-    t = f"{prefix}-{time.time_ns()}"
-    create_topic(bs, t, partitions)
-    return t
-
-
 def _check(fig: dict, records: list[bytes], n: int) -> dict:
     ids = {r.split(b",", 1)[0] for r in records}
     if len(records) != n or len(ids) != n:
@@ -106,7 +100,7 @@ def _check(fig: dict, records: list[bytes], n: int) -> dict:
 
 def plain(bs: str, topic: str, n: int, client: str):
     def run(_round: int) -> dict:
-        out = _topic(bs, "w2-plain")
+        out = S.new_topic(bs, "w2-plain")
         t0 = time.time()
         t_done = S.plain_identity(client, bs, topic, out, n)
         recs = S.read_back(bs, out)
@@ -116,7 +110,7 @@ def plain(bs: str, topic: str, n: int, client: str):
 
 def rayflow(bs: str, topic: str, n: int, partitions: int, client: str):
     def run(_round: int) -> dict:
-        out = _topic(bs, "w2-rf")
+        out = S.new_topic(bs, "w2-rf")
         flow = rf.Dataflow(f"w2-kafka-{time.time_ns()}")
         (flow.source("source", rf.KafkaSource(topic, bootstrap=bs, bounded=True, client=client))
              .sink("sink", rf.KafkaSink(out, bootstrap=bs, client=client, stamp=kafka_stamp)))
@@ -133,7 +127,7 @@ def peer(name: str, bs: str, topic: str, n: int):
     from peers_stream import run_peer
 
     def run(_round: int) -> dict:
-        out = _topic(bs, f"w2-{name}")
+        out = S.new_topic(bs, f"w2-{name}")
         r = run_peer(name, "identity", bs, topic, out, n)
         recs = S.read_back(bs, out)
         fig = S.figures(n, recs, S.identity_stamps, r["t_launch"], r["t_done"])
@@ -142,18 +136,10 @@ def peer(name: str, bs: str, topic: str, n: int):
     return run
 
 
-def installed_peers() -> list[str]:
-    try:
-        from peers_stream import AVAILABLE
-    except ImportError:
-        return []
-    return [p for p, ok in AVAILABLE.items() if ok]
-
-
 def kafka_throughput(bs: str, n: int, partitions: int, client: str, rounds: int,
                      peers: list[str]) -> dict:
     """rayflow and the plain loop with the same client (and the peers), interleaved."""
-    topic = _topic(bs, f"w2-in-{client}", partitions)
+    topic = S.new_topic(bs, f"w2-in-{client}", partitions)
     produce(bs, topic, _messages(n), partitions, client="confluent")
     systems = {"plain loop": plain(bs, topic, n, client),
                "rayflow": rayflow(bs, topic, n, partitions, client)}
@@ -251,7 +237,7 @@ def main(quick: bool, rounds: int) -> None:
                     [[mem["per_record_rec_s"]["median"], mem["bare_loop_rec_s"]["median"],
                       mem["per_record_vs_loop"], mem["startup_s"]["median"]]])
         kafka_rows = []
-        peers = installed_peers()
+        peers = S.installed_peers()
         for client in ("kafka-python", "confluent"):
             for parts in (1, 8):
                 kafka_rows.append(kafka_throughput(

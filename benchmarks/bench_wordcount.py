@@ -35,16 +35,10 @@ from report.published import W4_WORDCOUNT as PUBLISHED  # noqa: E402
 
 import rayflow as rf  # noqa: E402
 from rayflow._raycontext import ensure_ray  # noqa: E402
-from rayflow.connectors.kafka import create_topic, produce  # noqa: E402
+from rayflow.connectors.kafka import produce  # noqa: E402
 from rayflow.examples.wordcount import build_flow, sentences  # noqa: E402
 
 WORDS_PER_SENTENCE = 16
-
-
-def _topic(bs: str, prefix: str) -> str:
-    t = f"{prefix}-{time.time_ns()}"
-    create_topic(bs, t, 1)
-    return t
 
 
 def word_counts(records: list[bytes]) -> dict[str, int]:
@@ -71,7 +65,7 @@ def _check(fig: dict, records: list[bytes], counts: dict[str, int], partial: boo
 
 def plain(bs: str, topic: str, n: int, client: str, counts: dict[str, int]):
     def run(_round: int) -> dict:
-        out = _topic(bs, "wc-plain")
+        out = S.new_topic(bs, "wc-plain")
         t0 = time.time()
         t_done = S.plain_wordcount(client, bs, topic, out, n)
         recs = S.read_back(bs, out)
@@ -84,7 +78,7 @@ def rayflow(bs: str, topic: str, n: int, counts: dict[str, int], parallelism: in
             guarantee: str = "at_least_once", backend: str = "memory", state_dir: str = "",
             client: str = "confluent"):
     def run(_round: int) -> dict:
-        out = _topic(bs, "wc-rf")
+        out = S.new_topic(bs, "wc-rf")
         flow = build_flow(topic, out, bs, parallelism, name=f"wc-{time.time_ns()}",
                           client=client, split=split)
         t0 = time.time()
@@ -109,7 +103,7 @@ def peer(name: str, bs: str, topic: str, n: int, counts: dict[str, int]):
     from peers_stream import run_peer
 
     def run(_round: int) -> dict:
-        out = _topic(bs, f"wc-{name}")
+        out = S.new_topic(bs, f"wc-{name}")
         r = run_peer(name, "wordcount", bs, topic, out, n)
         recs = S.read_back(bs, out)
         fig = _check(S.figures(n, recs, S.wordcount_stamps, r["t_launch"], r["t_done"]), recs,
@@ -117,14 +111,6 @@ def peer(name: str, bs: str, topic: str, n: int, counts: dict[str, int]):
         fig.update(version=r.get("version"), workers=r.get("workers"), notes=r.get("notes"))
         return fig
     return run
-
-
-def installed_peers() -> list[str]:
-    try:
-        from peers_stream import AVAILABLE
-    except ImportError:
-        return []
-    return [p for p, ok in AVAILABLE.items() if ok]
 
 
 def recovery_run(bs: str, n: int, client: str) -> dict:
@@ -136,7 +122,7 @@ def recovery_run(bs: str, n: int, client: str) -> dict:
 
     import ray
 
-    topic, out = _topic(bs, "wc-rin"), _topic(bs, "wc-rout")
+    topic, out = S.new_topic(bs, "wc-rin"), S.new_topic(bs, "wc-rout")
     produce(bs, topic, sentences(n, vocabulary=10_000, words=WORDS_PER_SENTENCE),
             client="confluent")
     job = rf.run(build_flow(topic, out, bs, 1, name=f"wc-rec-{time.time_ns()}", client=client,
@@ -221,7 +207,7 @@ def main(quick: bool, rounds: int) -> None:
                                   "count window; rayflow and the plain loop close those at the "
                                   "end of the input"}
     try:
-        topic = _topic(bs, "wc-in")
+        topic = S.new_topic(bs, "wc-in")
         data = list(sentences(n, vocabulary=10_000, words=WORDS_PER_SENTENCE))
         produce(bs, topic, data, client="confluent")
         counts = word_counts(data)
@@ -231,7 +217,7 @@ def main(quick: bool, rounds: int) -> None:
                    "rayflow p1 split": rayflow(bs, topic, n, counts, split=True),
                    "rayflow p2": rayflow(bs, topic, n, counts, 2),
                    "rayflow p4": rayflow(bs, topic, n, counts, 4)}
-        for p in installed_peers():
+        for p in S.installed_peers():
             systems[f"{p} (1 worker)"] = peer(p, bs, topic, n, counts)
         print("\nthroughput, interleaved rounds:")
         scaling = _rows(S.interleaved(systems, rounds), "plain loop")
@@ -252,7 +238,7 @@ def main(quick: bool, rounds: int) -> None:
         _print("W4 guarantees and state backends, parallelism 1, base: at-least-once, memory",
                guar)
         # 3. a million-word vocabulary: state touched for nearly every record
-        big = _topic(bs, "wc-in-1m")
+        big = S.new_topic(bs, "wc-in-1m")
         big_data = list(sentences(n, vocabulary=1_000_000, words=WORDS_PER_SENTENCE, seed=1))
         produce(bs, big, big_data, client="confluent")
         big_counts = word_counts(big_data)
