@@ -7,14 +7,10 @@ Importing rayflow does not import Ray; the runtime starts (or connects to) Ray w
     >>> flow.source("in", MemorySource([1, 2, 3])).map("double", lambda x: 2 * x).sink("out", CollectSink())
 """
 
-import os as _os
-
-# Ray 2.60 turns token auth on; a client that connects by address, or that starts a local
-# instance after a token was written, needs this before Ray is imported.
-_os.environ.setdefault("RAY_AUTH_MODE", "token")
-
-from rayflow.batches import Field  # noqa: E402
-from rayflow.config import load_config  # noqa: E402
+# first: it sets Ray's authentication mode before anything imports Ray
+from rayflow import _raycontext  # noqa: F401
+from rayflow.batches import Field
+from rayflow.config import load_config
 from rayflow.connectors.broker import EmbeddedBroker
 from rayflow.connectors.kafka import KafkaSink, KafkaSource
 from rayflow.connectors.memory import CollectSink, DiscardSink, GeneratorSource, MemorySource

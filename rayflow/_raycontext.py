@@ -13,7 +13,18 @@ import os
 import sys
 from typing import Any
 
-os.environ.setdefault("RAY_AUTH_MODE", "token")
+
+def auth_mode() -> None:
+    """Ask for Ray's token authentication (``RAY_AUTH_MODE=token``) unless the environment
+    says otherwise, if Ray is not imported yet. Ray reads the mode when it is imported: when
+    a program imported Ray before rayflow, setting it now would start a local instance
+    whose processes want a token that this process does not send (``InvalidAuthToken``), so
+    it is left as Ray read it."""
+    if "ray" not in sys.modules:
+        os.environ.setdefault("RAY_AUTH_MODE", "token")
+
+
+auth_mode()
 
 # The GCS address of the local instance this process started (None: none, or it was
 # connected to by address), so that callers can tell the embedded Ray from a cluster.
@@ -71,7 +82,15 @@ def ensure_ray(address: str | None = None, num_cpus: int | None = None, **kwargs
         kwargs.pop("include_dashboard", None)
         if env_vars:  # Ray merges them with a submitted job's own runtime env
             runtime_env["env_vars"] = env_vars
-        ray.init(address=address, runtime_env=runtime_env or None, **kwargs)
+        try:
+            ray.init(address=address, runtime_env=runtime_env or None, **kwargs)
+        except ray.exceptions.AuthenticationError as exc:
+            if os.environ.get("RAY_AUTH_MODE") == "token":
+                raise
+            raise ConnectionError(
+                f"Ray at {address} wants a token, and this process imported Ray without "
+                "RAY_AUTH_MODE=token: set RAY_AUTH_MODE=token in the environment, or import "
+                "rayflow before ray") from exc
     return ray
 
 
