@@ -478,27 +478,29 @@ class _CountLogic(_StatefulLogic):
     def _process_columnar(self, items, codes: np.ndarray, keys: list) -> Output | None:
         """Arrow batch keyed by a field, aggregator with ``reduce_segments``: the rows are
         grouped by key (a stable sort), each key's run is cut where its windows close, and
-        all segments are reduced in one vectorized call; Python work is per key and per
-        window, not per record. Same windows, same order as record by record. None: fall back
-        to the record path (an aggregator without a vectorized form, or one that failed, e.g.
-        on a null, so that the bad records become dead letters one by one)."""
+        all segments are reduced in one vectorized call. Where the cuts fall, which segments
+        close a window and each window's sequence number are array arithmetic; Python work is
+        per key (its state) and per closed window, not per record or segment. Same windows,
+        same order as record by record. None: fall back to the record path (an aggregator
+        without a vectorized form, or one that failed, e.g. on a null, so that the bad
+        records become dead letters one by one)."""
         size, agg, state = self.spec.windower.size, self.spec.aggregator, self.state
         order = np.argsort(codes, kind="stable")
         counts = np.bincount(codes, minlength=len(keys))
-        firsts = np.concatenate(([0], np.cumsum(counts)[:-1]))
-        starts: list[int] = []
-        plan = []  # per key: (key, previous (n, acc, seq), its segments' index range)
-        for j, key in enumerate(keys):
-            m = int(counts[j])
-            if not m:
-                continue
-            prev = state.get(key) or (0, None, 0)
-            g0 = int(firsts[j])
-            k0 = len(starts)
-            starts.append(g0)
-            starts.extend(range(g0 + size - prev[0], g0 + m, size))
-            plan.append((key, prev, k0, len(starts)))
-        bounds = np.asarray(starts, dtype=np.int64)
+        present = np.flatnonzero(counts)
+        m = counts[present]
+        run0 = np.cumsum(m) - m  # where each present key's rows begin in sorted order
+        pkeys = [keys[j] for j in present.tolist()]
+        prevs = state.get_many(pkeys)  # per key (n, acc, seq) of its open window, or None
+        n_prev = np.fromiter((p[0] if p else 0 for p in prevs), np.int64, len(prevs))
+        seq_prev = np.fromiter((p[2] if p else 0 for p in prevs), np.int64, len(prevs))
+        # a key's first segment fills its open window; the rest are cut every ``size`` rows
+        first = np.minimum(m, size - n_prev)
+        nseg = 1 + (m - first + size - 1) // size
+        owner = np.repeat(np.arange(len(pkeys)), nseg)
+        seg0 = np.cumsum(nseg) - nseg  # each key's first segment
+        t = np.arange(len(owner)) - seg0[owner]  # a segment's ordinal within its key
+        bounds = run0[owner] + np.where(t == 0, 0, first[owner] + (t - 1) * size)
         try:
             accs = agg.reduce_segments(items.take(order), bounds)
         except Exception:  # noqa: BLE001 - record path: per-record dead letters
@@ -506,26 +508,29 @@ class _CountLogic(_StatefulLogic):
         if accs is None:
             return None
         ends = np.append(bounds[1:], len(order))
-        # per segment, as Python ints (numpy scalars cost a call each): its length and where
-        # in the input it ends
-        seg_ns, seg_last = (ends - bounds).tolist(), order[ends - 1].tolist()
-        merge, result, put = agg.merge, agg.result, state.put
-        out: list = []
-        closes: list[int] = []  # where each closed window closed in the input (output order)
-        for key, (n, acc, seq), k0, k1 in plan:
-            for k in range(k0, k1):
-                if n and acc is not None:
-                    acc, n = merge(acc, accs[k]), n + seg_ns[k]
-                else:
-                    acc, n = accs[k], seg_ns[k]
-                if n >= size:
-                    out.append(WindowResult(key, seq, seq + 1, result(acc)))
-                    closes.append(seg_last[k])
-                    n, acc, seq = 0, None, seq + 1
-            put(key, (n, acc if acc is not None else agg.create(), seq))
-        if len(out) > 1:
-            out = [out[i] for i in np.argsort(closes, kind="stable")]
-        self.touch(p[0] for p in plan)
+        filled = ends - bounds + np.where(t == 0, n_prev[owner], 0)  # the window's count
+        merge = agg.merge
+        for i in np.flatnonzero(n_prev).tolist():  # open windows go on with this batch
+            acc, k = prevs[i][1], int(seg0[i])
+            if acc is not None:
+                accs[k] = merge(acc, accs[k])
+        closed = np.flatnonzero(filled >= size)
+        closed = closed[np.argsort(order[ends[closed] - 1], kind="stable")]  # input order
+        c_own, c_seq = owner[closed].tolist(), (seq_prev[owner[closed]] + t[closed]).tolist()
+        result = agg.result
+        if type(agg).result is Aggregator.result:  # the accumulator is the value
+            values = [accs[k] for k in closed.tolist()]
+        else:
+            values = [result(accs[k]) for k in closed.tolist()]
+        out = [WindowResult(pkeys[o], s, s + 1, v) for o, s, v in zip(c_own, c_seq, values)]
+        last = seg0 + nseg - 1
+        ended = (filled[last] >= size).tolist()
+        n_last, seq_last = filled[last].tolist(), (seq_prev + nseg - 1).tolist()
+        create = agg.create
+        state.put_many([(key, (0, create(), s + 1) if done else (n, accs[k], s))
+                        for key, done, n, s, k in zip(pkeys, ended, n_last, seq_last,
+                                                      last.tolist())])
+        self.touch(pkeys)
         return self.with_expiry(Output(out, None))
 
     def on_end(self):

@@ -28,6 +28,18 @@ class KeyValueState(Generic[K, V]):
     def delete(self, key: K) -> None:
         raise NotImplementedError
 
+    def get_many(self, keys: list[K]) -> list[V | None]:
+        """:meth:`get` of every key in ``keys`` (None where absent), in order; backends
+        override it where a batch of reads costs less than one call each."""
+        get = self.get
+        return [get(k) for k in keys]
+
+    def put_many(self, pairs: list[tuple[K, V]]) -> None:
+        """:meth:`put` of every ``(key, value)`` in ``pairs``, in order."""
+        put = self.put
+        for k, v in pairs:
+            put(k, v)
+
     def items(self) -> Iterator[tuple[K, V]]:
         raise NotImplementedError
 
@@ -66,6 +78,13 @@ class _DictState(KeyValueState):
 
     def put(self, key, value):
         self.data[key] = value
+
+    def get_many(self, keys):
+        get = self.data.get
+        return [get(k) for k in keys]
+
+    def put_many(self, pairs):
+        self.data.update(pairs)
 
     def delete(self, key):
         self.data.pop(key, None)
@@ -138,6 +157,10 @@ class _MemoryState(_DictState):
     def put(self, key, value):
         self.data[key] = value
         self._dirty.add(key)
+
+    def put_many(self, pairs):
+        self.data.update(pairs)
+        self._dirty.update(k for k, _ in pairs)
 
     def delete(self, key):
         self.data.pop(key, None)
@@ -230,6 +253,17 @@ class _RocksState(KeyValueState):
 
     def put(self, key, value):
         self.db[pickle.dumps(key)] = value
+
+    def get_many(self, keys):  # one multi-get
+        return self.db.get([pickle.dumps(k) for k in keys]) if keys else []
+
+    def put_many(self, pairs):  # one write batch
+        from rocksdict import WriteBatch
+
+        batch = WriteBatch()
+        for k, v in pairs:
+            batch.put(pickle.dumps(k), v)
+        self.db.write(batch)
 
     def delete(self, key):
         del self.db[pickle.dumps(key)]

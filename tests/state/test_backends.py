@@ -54,9 +54,10 @@ def test_backend_names_and_errors(tmp_path):
 
 @pytest.mark.parametrize("seed", range(6))
 def test_every_snapshot_restores_the_state_it_was_taken_of(backend, seed):
-    """Random puts, deletes and snapshots, restores from any earlier snapshot (the memory
-    backend's are incremental: deltas on deltas, full ones when the chain grows) and writes
-    after a restore: each snapshot restores exactly the plain dict of its moment."""
+    """Random puts (one by one and in batches), deletes and snapshots, restores from any
+    earlier snapshot (the memory backend's are incremental: deltas on deltas, full ones when
+    the chain grows) and writes after a restore: each snapshot restores exactly the plain
+    dict of its moment, and a batched read sees what a read key by key sees."""
     import random
 
     rnd = random.Random(seed)
@@ -73,6 +74,12 @@ def test_every_snapshot_restores_the_state_it_was_taken_of(backend, seed):
                 v = (cid, rnd.random()) if rnd.random() < 0.5 else [cid] * rnd.randrange(4)
                 s.put(k, v)
                 model[k] = v
+        if rnd.random() < 0.5:
+            pairs = [(rnd.randrange(300), (cid, i)) for i in range(rnd.choice([0, 1, 30]))]
+            s.put_many(pairs)
+            model.update(pairs)
+        probe = [rnd.randrange(300) for _ in range(20)]
+        assert s.get_many(probe) == [model.get(k) for k in probe]
         taken.append((s.snapshot(cid), dict(model)))
         if rnd.random() < 0.1:  # a failure: go on from an earlier snapshot
             handle, state = taken[rnd.randrange(len(taken))]
