@@ -169,17 +169,18 @@ def format_windows(results: list) -> list[bytes]:
     """
     if not len(results):
         return []
-    words = pa.array([r.key for r in results], pa.string())
+    keys, starts, _, values = zip(*results)  # (window results are named tuples)
+    words = pa.array(keys, pa.string())
     odd = pc.match_substring_regex(words, _STRING_ESCAPES)
     if odd.true_count:
-        words = pa.array([json_string(w) for w in words.to_pylist()], pa.string())
-    n, e0, e1, i0, i1 = zip(*[r.value for r in results])
+        words = pa.array([json_string(w) for w in keys], pa.string())
+    n, e0, e1, i0, i1 = zip(*values)
 
     def text(values, kind=None):
         return pa.array(values, kind or pa.float64()).cast(pa.string())
 
     out = pc.binary_join_element_wise(
-        '{"word": "', words, '", "window": ', text([r.start for r in results], pa.int64()),
+        '{"word": "', words, '", "window": ', text(starts, pa.int64()),
         ', "count": ', text(n, pa.int64()), ', "minEventTime": ', text(e0),
         ', "maxEventTime": ', text(e1), ', "minInTime": ', text(i0), ', "maxInTime": ',
         text(i1), f', "outTime": {time.time()}}}', "")
