@@ -42,8 +42,13 @@ def run_once(bs: str, topic: str, n: int, target_s: float, batch_size: int) -> d
                  stream={"channel_target_s": target_s, "batch_size": batch_size})
     m = job.metrics()
     span = m["sink"]["last_out_time"] - (m["sink"]["first_in_time"] or 0)
-    d = sorted(c["duration_s"] for c in job.checkpoints() if c["status"] == "completed")
-    return {"channel_target_s": target_s, "checkpoints": len(d),
+    done = [c for c in job.checkpoints() if c["status"] == "completed"]
+    d = sorted(c["duration_s"] for c in done)
+    # where a checkpoint waits: the median time from its start to each task's ack
+    tasks = sorted({t for c in done for t in c.get("acked_s", {})})
+    acked = {t: round(statistics.median(c["acked_s"][t] for c in done if t in c["acked_s"]), 3)
+             for t in tasks}
+    return {"channel_target_s": target_s, "checkpoints": len(d), "acked_s": acked,
             "median_s": round(statistics.median(d), 3) if d else None,
             "p90_s": round(d[int(0.9 * (len(d) - 1))], 3) if d else None,
             "sentences_s": round(n / span) if span > 0 else None}

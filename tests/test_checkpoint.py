@@ -23,6 +23,16 @@ def test_periodic_trigger_complete_and_ids_increase():
     assert c.tick(5.0) == [] and c.tick(5.5) == [Trigger(2)]
 
 
+def test_the_history_says_when_each_task_acknowledged():
+    c = Coordinator(TASKS, interval_s=1.0)
+    c.tick(0.0)
+    c.tick(1.0)
+    c.ack(1, ("src", 1), "a", 1.25)
+    c.ack(1, ("src", 0), "b", 1.5)
+    c.ack(1, ("sink", 0), "c", 3.0)
+    assert c.history[0]["acked_s"] == {"sink[0]": 2.0, "src[0]": 0.5, "src[1]": 0.25}
+
+
 def test_acks_for_other_checkpoints_or_tasks_are_ignored():
     c = Coordinator(TASKS, interval_s=1.0)
     c.tick(0)

@@ -650,7 +650,9 @@ class Job:
         return self._latest
 
     def checkpoints(self) -> list[dict]:
-        """Every checkpoint so far: id, duration and status."""
+        """Every checkpoint so far: id, ``duration_s``, status, and ``acked_s``: when each
+        task acknowledged it, in seconds from its start, by ``"step[instance]"`` (where a
+        slow checkpoint waited)."""
         import ray
 
         if self.coordinator is not None:
