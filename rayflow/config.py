@@ -88,8 +88,8 @@ class RayOptions(BaseModel):
         "to Ray (named actors live in it)")
     process_profile: str = Field(
         "default", description="the named profile (process_profiles) every worker process of "
-        "the job starts with: set in the job's runtime env when rayflow starts or connects to "
-        "Ray, locally and on a cluster; a step's actor_env goes on top")
+        "the job starts with: inherited by the processes of the local Ray rayflow starts, set in "
+        "the job's runtime env when it connects to a cluster; a step's actor_env goes on top")
     process_profiles: dict[str, dict[str, str]] = Field(
         default_factory=lambda: {k: dict(v) for k, v in PROCESS_PROFILES.items()},
         description="named environments of worker processes (by default glibc malloc "

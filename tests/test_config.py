@@ -5,6 +5,8 @@ of a running job."""
 from __future__ import annotations
 
 import json
+import os
+import sys
 
 import pytest
 import yaml
@@ -366,18 +368,38 @@ def test_the_process_profile_reaches_the_jobs_runtime_env_locally_and_on_a_clust
     from rayflow import _raycontext
 
     seen: dict = {}
+
+    def init(**kw):
+        # locally the variables are in the environment the local instance starts with
+        seen.update(kw, environ=dict(os.environ))
+
     monkeypatch.setattr(ray, "is_initialized", lambda: False)
-    monkeypatch.setattr(ray, "init", lambda **kw: seen.update(kw))
+    monkeypatch.setattr(ray, "init", init)
     monkeypatch.setattr(ray, "get_runtime_context", lambda: type(
         "C", (), {"gcs_address": "x"})())
     monkeypatch.setattr(_raycontext, "_embedded_gcs", None)
     monkeypatch.setenv("RAYFLOW_RAY__PROCESS_PROFILE", "whole_pipeline")
+    monkeypatch.delenv("MALLOC_TRIM_THRESHOLD_", raising=False)
     _raycontext.ensure_ray(address, runtime_env={"env_vars": {"MALLOC_ARENA_MAX": "8"}})
-    env = seen["runtime_env"]["env_vars"]
+    env = seen["runtime_env"]["env_vars"] if address else seen["environ"]
+    assert address or "runtime_env" not in seen  # (a runtime env slows every actor's start)
     assert env["MALLOC_TRIM_THRESHOLD_"] == str(64 << 20)  # the configured profile
     assert env["MALLOC_MMAP_THRESHOLD_"] == str(32 << 20)
     assert env["MALLOC_ARENA_MAX"] == "8"  # the caller's variables win
-    assert ("PYTHONPATH" in env) == (address is None)  # local workers share the driver's path
+    if address is None:  # local workers share the driver's import path
+        assert set(env["PYTHONPATH"].split(os.pathsep)) >= {p for p in sys.path
+                                                             if p and os.path.isdir(p)}
+    else:
+        assert "PYTHONPATH" not in env
+    assert "MALLOC_TRIM_THRESHOLD_" not in os.environ  # the driver's environment is as it was
     seen.clear()
     _raycontext.ensure_ray(address, process_profile="glibc")
-    assert "MALLOC_TRIM_THRESHOLD_" not in (seen.get("runtime_env") or {}).get("env_vars", {})
+    env = (seen.get("runtime_env") or {}).get("env_vars", {}) if address else seen["environ"]
+    assert "MALLOC_TRIM_THRESHOLD_" not in env
+    if address is None:  # a runtime env with more than variables is Ray's to apply
+        seen.clear()
+        _raycontext.ensure_ray(None, runtime_env={"working_dir": ".",
+                                                  "env_vars": {"MALLOC_ARENA_MAX": "8"}})
+        got = seen["runtime_env"]
+        assert got["working_dir"] == "." and got["env_vars"]["MALLOC_ARENA_MAX"] == "8"
+        assert "PYTHONPATH" in got["env_vars"]  # local workers share the driver's path
