@@ -34,6 +34,7 @@ EXCLUDES = [
 WORKING_DIR_LIMIT_BYTES = 100 * 1024 * 1024  # Ray's upload limit for a working_dir
 DEFAULT_ADDRESS = "http://127.0.0.1:8265"
 CONNECT_TIMEOUT_S = 10.0  # the job API must answer within this, or submit says so
+AGENT_WAIT_S = 60.0  # how long a cluster that answers may take to start its job agent
 POLL_S = 1.0  # status polling when Ray's log tail is unavailable
 _EXIT = {"SUCCEEDED": 0, "FAILED": 1, "STOPPED": 143}
 
@@ -224,7 +225,9 @@ def submit(entrypoint: Sequence[str] | str, *, address: str | None = None,
     resources = {k: v for k, v in (("entrypoint_num_cpus", entrypoint_num_cpus),
                                    ("entrypoint_num_gpus", entrypoint_num_gpus),
                                    ("entrypoint_memory", entrypoint_memory)) if v is not None}
-    deadline = time.monotonic() + connect_timeout_s
+    # the cluster answered; its job agent may still be starting (a head started moments ago,
+    # a busy machine): wait for it longer than for a connection
+    deadline = time.monotonic() + max(connect_timeout_s, AGENT_WAIT_S)
     while True:
         try:
             job_id = client.submit_job(entrypoint=cmd, runtime_env=env,
@@ -232,7 +235,7 @@ def submit(entrypoint: Sequence[str] | str, *, address: str | None = None,
             break
         except RuntimeError as exc:
             # a dashboard whose job agent is not up yet answers 500 "No available agent to
-            # submit job, please try again later": it is, until the connect timeout
+            # submit job, please try again later": it is, until AGENT_WAIT_S
             if "No available agent" not in str(exc) or time.monotonic() > deadline:
                 raise
             time.sleep(1.0)

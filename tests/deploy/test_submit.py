@@ -276,3 +276,39 @@ def test_ctrl_c_detaches_and_leaves_the_job_running(monkeypatch):
     assert fake.stopped == []
     assert "detached from job raysubmit_1; it keeps running" in res.stderr
     assert "ray job stop raysubmit_1" in res.stderr
+
+
+def test_submit_waits_for_a_job_agent_that_is_still_starting(monkeypatch):
+    """A cluster that answers but whose job agent is not up yet (Ray's HTTP 500 "No available
+    agent to submit job, please try again later", seen under load right after `ray start`)
+    gets more time than a connection: submit retries past the connect timeout."""
+    from rayflow.deploy import submit as sub
+
+    calls = []
+
+    class StartingAgent:  # the job API's answers while the agent starts: 500, 500, 500, ok
+        def submit_job(self, **kw):
+            calls.append(kw)
+            if len(calls) < 4:
+                raise RuntimeError("Request failed with status code 500: No available agent "
+                                   "to submit job, please try again later..")
+            return "raysubmit_1"
+
+        def get_job_status(self, job_id):
+            return "PENDING"
+
+    clock = iter(range(0, 1000, 5))  # each look at the clock: 5 s later
+    monkeypatch.setattr(sub, "_client", lambda address, timeout: StartingAgent())
+    monkeypatch.setattr(sub.time, "monotonic", lambda: float(next(clock)))
+    monkeypatch.setattr(sub.time, "sleep", lambda s: None)
+    got = sub.submit(["python", "-c", "pass"], address="http://127.0.0.1:1", working_dir=None,
+                     wait=False, connect_timeout_s=1.0)
+    assert got.job_id == "raysubmit_1" and len(calls) == 4
+    clock = iter(range(0, 1000, 30))  # an agent that never comes: the error, after the wait
+    monkeypatch.setattr(sub.time, "monotonic", lambda: float(next(clock)))
+    calls.clear()
+    StartingAgent.submit_job = lambda self, **kw: (_ for _ in ()).throw(  # type: ignore
+        RuntimeError("No available agent to submit job"))
+    with pytest.raises(RuntimeError, match="No available agent"):
+        sub.submit(["python", "-c", "pass"], address="http://127.0.0.1:1", working_dir=None,
+                   wait=False, connect_timeout_s=1.0)
