@@ -38,7 +38,9 @@ def _run(query, columnar=None, parallelism=2, **kw):
 
 
 @pytest.mark.parametrize("query, columnar", [
-    ("q0", True), ("q1", True), ("q2", True), ("q1", False),
+    ("q0", True), ("q1", False),  # one columnar, one record by record: the rest are slow
+    pytest.param("q1", True, marks=pytest.mark.slow),
+    pytest.param("q2", True, marks=pytest.mark.slow),
     pytest.param("q0", False, marks=pytest.mark.slow),
     pytest.param("q2", False, marks=pytest.mark.slow)])
 def test_stateless_queries_match_the_reference(ray_session, events, query, columnar):
