@@ -1,6 +1,6 @@
 """W6: conjugate gradient per iteration: rayflow (Ray-native and gloo) vs broadcast vs numpy.
 
-Usage: ``python benchmarks/bench_cg.py [--quick]``
+Usage: ``python benchmarks/bench_cg.py [--quick] [--sizes 1024,4096,8192] [--reps 3]``
 
 A dense SPD matrix (symmetric random plus a diagonal shift) is distributed in row blocks
 before timing; each solver runs exactly ``--iters`` iterations (tol 0) so the per-iteration
@@ -140,13 +140,26 @@ def run(sizes: list[int], ranks: int, iters: int, reps: int, backends: list[str]
 @click.option("--iters", default=100, show_default=True)
 @click.option("--reps", default=5, show_default=True, help="rounds")
 @click.option("--backend", "backends", multiple=True, help="ray and/or gloo (default: both)")
-def main(quick: bool, ranks: int, iters: int, reps: int, backends: tuple[str, ...]) -> None:
+@click.option("--sizes", default=None, help="matrix sizes, comma-separated (default: 4096,8192; "
+              "with --quick 1024,2048)")
+def main(quick: bool, ranks: int, iters: int, reps: int, backends: tuple[str, ...],
+         sizes: str | None) -> None:
     """Run the W6 benchmark and write benchmarks/results/cg.json."""
     from rayflow.hpc.gloo_backend import gloo_available
 
-    sizes = [1024, 2048] if quick else [4096, 8192]
+    if sizes is not None:
+        try:
+            chosen_sizes = [int(x) for x in sizes.split(",") if x.strip()]
+        except ValueError:
+            raise click.BadParameter(f"sizes must be integers separated by commas, got "
+                                     f"{sizes!r}", param_hint="--sizes") from None
+        if not chosen_sizes or min(chosen_sizes) < ranks:
+            raise click.BadParameter(f"every size must be at least --ranks ({ranks}), got "
+                                     f"{sizes!r}", param_hint="--sizes")
+    else:
+        chosen_sizes = [1024, 2048] if quick else [4096, 8192]
     chosen = list(backends) or (["ray", "gloo"] if gloo_available() else ["ray"])
-    res = run(sizes, ranks, iters, reps, chosen)
+    res = run(chosen_sizes, ranks, iters, reps, chosen)
     print_table(f"CG ms/iteration, {ranks} ranks, {iters} iterations, 1 BLAS thread per rank",
                 ["n", "backend", "rayflow", "broadcast", "numpy", "mpi4py", "spark", "x bcast",
                  "x spark", "improv %", "t/numpy", "t/mpi4py", "rel diff"],

@@ -5,10 +5,12 @@
 2 and 4 ranks on this machine: allreduce of 1 float, 1 KiB, 1 MiB and 64 MiB (not with
 ``--quick``), bcast of 1 KiB, allgather of 1 float, barrier, and a ping-pong of 8 B and
 1 MiB between ranks 0 and 1. Each rank times every repetition itself; the figure is rank
-0's median in microseconds. mpi4py runs the same loop under ``mpiexec`` with its pickle
-API (``allreduce``) and its buffer API (``Allreduce``) when it is installed (the ``peers``
-extra). Two more tables: which path a large message should take on one node (ring,
-shared-memory segment, Ray's object store), and where a small message's time goes.
+0's median in microseconds. rayflow all-reduces arrays into a buffer it keeps
+(``comm.allreduce(x, out=buf)``), as MPI's buffer ``Allreduce`` does. mpi4py runs the
+same loop under ``mpiexec`` with its pickle API (``allreduce``) and its buffer API
+(``Allreduce``) when it is installed (the ``peers`` extra). Three more tables: which path a
+large message should take on one node (ring, shared-memory segment, Ray's object store),
+where a small message's time goes, and where a 1 MiB allreduce's goes.
 Writes ``benchmarks/results/collectives.json``.
 """
 
@@ -73,7 +75,16 @@ def _rayflow_api(comm) -> dict:
         elif comm.rank == 1:
             comm.send(comm.recv(0), 0)
 
-    return {"allreduce": comm.allreduce, "bcast": lambda x: comm.bcast(x, 0),
+    outs: dict = {}
+
+    def allreduce(x):
+        # arrays into a buffer of the caller's, as MPI's buffer Allreduce (the MPICH column)
+        if not isinstance(x, np.ndarray):
+            return comm.allreduce(x)
+        out = outs.setdefault(x.nbytes, np.empty_like(x))
+        return comm.allreduce(x, out=out)
+
+    return {"allreduce": allreduce, "bcast": lambda x: comm.bcast(x, 0),
             "allgather": comm.allgather, "barrier": lambda x: comm.barrier(),
             "pingpong": pingpong}
 
@@ -206,6 +217,77 @@ def message_cost() -> dict:
     return out
 
 
+def allreduce_cost(nbytes: int = MIB) -> dict:
+    """Where a large 2-rank allreduce's time goes, one process, no waiting (microseconds):
+    the whole of one rank's half as the communicator runs it, then its parts, and what the
+    parts cost before segments were reused and results written into a given buffer."""
+    from rayflow.hpc import shm
+    from rayflow.hpc.channels import Endpoint, Mailbox, _encode, node_info
+    from rayflow.hpc.comm import _Fold
+
+    n = 200
+    infos = [node_info("n"), node_info("n")]
+    eps = [Endpoint(r, infos) for r in range(2)]
+    ts = [e.connect([e.address for e in eps], Mailbox(), "s") for e in eps]
+    for t in ts:
+        t.release_fds()
+    x = [np.full(nbytes // 8, r + 1.0) for r in range(2)]
+    outs = [np.empty_like(v) for v in x]
+    key = ("c", ("world",), 0, "allreduce")
+
+    def per(fn) -> float:
+        fn()
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        return (time.perf_counter() - t0) / n * 1e6
+
+    def halves(into: bool) -> None:
+        ts[0].send_many([1], key, x[0])
+        ts[1].send_many([0], key, x[1])
+        for r in range(2):
+            fold = _Fold("sum", x[r], r, outs[r] if into else None, "allreduce")
+            ts[r].recv_apply(1 - r, key, fold.with_peer)
+
+    raw = [memoryview(b"h" * 128), memoryview(x[0]).cast("B")]
+    seg = shm.Segment.create(shm.Segment.need(raw))
+    address = seg.fill(raw)
+    maps = shm.SegmentMaps()
+    view = maps.views(address)[1]
+    held: list = []
+
+    def fresh_result() -> None:  # a new array each call, kept a while as a caller would
+        held.append(np.add(x[0], x[1]))
+        del held[:-2]
+
+    def fresh_segment() -> None:
+        s, _ = shm.Segment.write(raw)
+        s.close()
+
+    def fresh_map() -> None:
+        m = shm.SegmentMaps()
+        m.views(address)
+        m.close()
+
+    out = {
+        "one rank's half, into the given buffer": per(lambda: halves(True)) / 2,
+        "one rank's half, into a new array": per(lambda: halves(False)) / 2,
+        "pickle the array (out of band)": per(lambda: _encode("s", key, x[0])),
+        "refill a reused segment": per(lambda: seg.fill(raw)),
+        "add from the segment into the buffer": per(
+            lambda: np.add(x[0], np.frombuffer(view), out=outs[0])),
+        "copy out of the segment (a message kept)": per(lambda: bytearray(view)),
+        "before: a new segment, created and filled": per(fresh_segment),
+        "before: map a new segment": per(fresh_map),
+        "before: add into a new array": per(fresh_result),
+    }
+    maps.close()
+    seg.close()
+    for t in ts:
+        t.close()
+    return out
+
+
 # ------------------------------------------------------------------------ mpi4py side
 def _mpi_worker(cases: list) -> None:
     from mpi4py import MPI
@@ -293,6 +375,7 @@ def main(quick: bool, worker: str | None) -> None:
                          "vs_pickle": ratio(ours[k], p), "vs_buffer": ratio(ours[k], b)})
     starts = gang_start_s()
     cost = message_cost()
+    big_cost = allreduce_cost()
     print_table("median microseconds per operation (rank 0)",
                 ["ranks", "op", "bytes", "rayflow", "mpi4py pickle", "mpi4py buffer",
                  "x pickle", "x buffer"], [list(r.values()) for r in rows])
@@ -300,10 +383,14 @@ def main(quick: bool, worker: str | None) -> None:
                 ["path and bytes", "us"], [[k, v] for k, v in paths.items()])
     print_table("a small message's cost, one process (us)", ["part", "us"],
                 [[k, v] for k, v in cost.items()])
+    print_table("a 1 MiB allreduce's cost, 2 ranks, one process (us)", ["part", "us"],
+                [[k, v] for k, v in big_cost.items()])
     print(f"\nstage on a started gang: {extra}; stage without gang=: cold "
           f"{starts['cold']:.2f} s, warm {starts['warm'] * 1e3:.1f} ms")
     path = write_result("collectives", {"quick": quick, "rows": rows, "large_message_paths_us": paths,
-                                        "small_message_cost_us": cost, "stage_start_s": starts,
+                                        "small_message_cost_us": cost,
+                                        "allreduce_1MiB_cost_us": big_cost,
+                                        "stage_start_s": starts,
                                         **extra})
     print(f"wrote {path}")
 

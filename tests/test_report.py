@@ -446,3 +446,37 @@ def test_benchmarks_md_is_what_the_report_writes(tmp_path):
 
     assert undated(got) == undated((ROOT / "BENCHMARKS.md").read_text()), \
         "BENCHMARKS.md is stale or edited by hand: run `rayflow report`"
+
+
+def test_collectives_and_mpi_api_sections_judge_their_targets(tmp_path):
+    """The MPI-stage collectives and the mpi4py-program comparison get sections of their
+    own, with the ratios to MPICH and the transport's targets judged from the figures."""
+    def row(ranks, op, nbytes, ours, buf):
+        return {"ranks": ranks, "op": op, "bytes": nbytes, "rayflow_us": ours,
+                "mpi4py_pickle_us": 2 * buf, "mpi4py_buffer_us": buf,
+                "vs_pickle": round(ours / (2 * buf), 3), "vs_buffer": round(ours / buf, 3)}
+
+    coll = _doc("collectives", rows=[row(2, "allreduce", 8, 40.0, 10.0),
+                                     row(2, "barrier", 0, 31.0, 5.0),
+                                     row(2, "allreduce", 1 << 20, 300.0, 400.0),
+                                     row(4, "allreduce", 1 << 20, 900.0, 500.0)],
+                allreduce_1MiB_cost_us={"refill a reused segment": 38.0},
+                stage_start_s={"cold": 3.7, "warm": 0.022})
+    api = _doc("mpi_api", rounds=2, mpi_library="MPICH Version: 5.0.2",
+               rows=[{"ranks": 2, "op": "Allreduce", "bytes": 1 << 20, "reps": 40,
+                      "rayflow_us": 330.0, "mpi4py_us": 300.0, "vs_mpi4py": 1.1}])
+    md = generate(_write(tmp_path / "r", [coll, api]), tmp_path / "B.md",
+                  tmp_path / "p").read_text()
+    checks = {m.group(1): m.group(3) for m in re.finditer(
+        r"^\| (?:Collectives|mpi4py programs) \| (.+?) \| (.+?) \| (.+?) \|$", md, re.M)}
+    assert checks["2-rank scalar allreduce ≤ 50 µs"] == "met"
+    assert checks["2-rank barrier ≤ 30 µs"] == "**missed**"  # 31 µs
+    assert checks["1 MiB allreduce within 1.5× of MPICH's buffer Allreduce, 2 ranks"] == "met"
+    assert checks["1 MiB allreduce within 1.5× of MPICH's buffer Allreduce, 4 ranks "
+                  "(2 cores oversubscribed)"] == "**missed**"  # 1.8×
+    assert checks["a stage without `gang=` starts in ≤ 0.5 s on a warm gang"] == "met"
+    assert "`mpiexec -n 2`" in next(k for k in checks if "rayflow mpirun -n 2" in k)
+    sec = _section(md, "MPI-stage collectives")
+    assert "| 2 | allreduce | 1,048,576 | 300 | 800 | 400 | 0.38× | 0.75× |" in sec
+    assert "| refill a reused segment | 38.0 |" in sec
+    assert "| 2 | Allreduce | 1,048,576 | 330 | 300 | 1.10× |" in _section(md, "mpi4py programs")

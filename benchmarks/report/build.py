@@ -11,7 +11,7 @@ from pathlib import Path
 from rayflow.errors import RayflowError
 
 from .base import _Ctx, _generic, _machine_line, _Plotter, _table
-from .hpc import _w5, _w6
+from .hpc import _collectives, _mpi_api, _w5, _w6
 from .streams import _w1, _w2, _w3, _w4, _w7
 
 
@@ -51,6 +51,10 @@ _SPECS = [
     _Spec("Autoscaling", "Autoscaling", "autoscale", _autoscale, optional=True),
     _Spec("Streams + MPI stages", "Streams + MPI stages", "stream_solve", _stream_solve,
           optional=True),
+    _Spec("Collectives", "MPI-stage collectives (rayflow vs mpi4py on MPICH)", "collectives",
+          _collectives, optional=True),
+    _Spec("mpi4py programs", "mpi4py programs: `rayflow mpirun` vs `mpiexec`", "mpi_api",
+          _mpi_api, optional=True),
 ]
 
 

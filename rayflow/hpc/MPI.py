@@ -136,10 +136,17 @@ _BY_NAME = {n: globals()[n] for n in _TYPES}
 
 
 def _datatype_of(dtype: np.dtype) -> Datatype:
+    got = _OF_DTYPE.get(dtype)
+    if got is not None:
+        return got
     for t in _BY_NAME.values():
         if t.dtype == dtype and t.name not in ("BYTE", "C_BOOL", "LONG_LONG", "C_COMPLEX"):
+            _OF_DTYPE[dtype] = t
             return t
     raise TypeError(f"no MPI datatype for numpy dtype {dtype}")
+
+
+_OF_DTYPE: dict[np.dtype, Datatype] = {}  # what ``_datatype_of`` found (a scan of ~40 types)
 
 
 # ------------------------------------------------------------------------------ operations
@@ -286,6 +293,13 @@ def _copy_into(dst: np.ndarray, got: Any, where: str) -> int:
     return got.size
 
 
+def _private(obj: Any) -> Any:
+    """A copy of a received object that shares no memory with the channel it came from."""
+    if isinstance(obj, np.ndarray):
+        return obj.copy()
+    return pickle.loads(pickle.dumps(obj, protocol=5))  # arrays in band: copied
+
+
 # ------------------------------------------------------------------------------ status
 class Status:
     """What a receive matched: ``Get_source()``, ``Get_tag()``, ``Get_count(datatype)``."""
@@ -342,7 +356,7 @@ class Request:
         self._where = where
         self._done = comm is None  # a send, or a receive from PROC_NULL
         self._value: Any = None
-        self._status = (source, tag, None, buf is not None)
+        self._status: tuple[int, int, Any, bool] = (source, tag, None, buf is not None)
 
     def _complete(self, source: int, tag: int, obj: Any, is_buffer: bool) -> None:
         if self._buf is not None:
@@ -619,19 +633,35 @@ class Comm:
         seq = next(self._send_seq[dest])
         c._t.send(c._members[dest], self._key(seq), (tag, is_buffer, obj))
 
-    def _arrive(self, src: int, tag: int, obj: Any, is_buffer: bool) -> None:
+    def _arrive(self, src: int, tag: int, obj: Any, is_buffer: bool, view: bool = False) -> None:
+        """Match a message that came in. ``view``: its arrays view the channel's memory,
+        valid during this call only: a buffer receive copies them into its buffer, anything
+        else keeps a copy."""
         for i, req in enumerate(self._posted):
             if req.source in (ANY_SOURCE, src) and req.tag in (ANY_TAG, tag):
                 del self._posted[i]
-                req._complete(src, tag, obj, is_buffer)
+                if view and req._buf is not None and is_buffer:
+                    req._complete(src, tag, obj, is_buffer)  # copies into the buffer
+                    filled = req._buf[:np.asarray(obj).size]
+                    req._value, req._status = filled, (src, tag, filled, is_buffer)
+                else:
+                    req._complete(src, tag, _private(obj) if view else obj, is_buffer)
                 return
-        self._unmatched[src].append((next(self._arrivals), tag, obj, is_buffer))
+        self._unmatched[src].append((next(self._arrivals), tag, _private(obj) if view else obj,
+                                     is_buffer))
 
-    def _pull(self, src: int, block: bool) -> bool:
-        """Take the next message from ``src`` off the transport; whether one came."""
+    def _pull(self, src: int, block: bool, into_buffer: bool = False) -> bool:
+        """Take the next message from ``src`` off the transport; whether one came.
+        ``into_buffer``: a buffer receive waits, which may copy straight from the channel."""
         c = self._c
         key = self._key(self._recv_next[src])
         if block:
+            apply = getattr(c._t, "recv_apply", None) if into_buffer else None
+            if apply is not None:
+                apply(c._members[src], key,
+                      lambda got: self._arrive(src, got[0], got[2], got[1], view=True))
+                self._recv_next[src] += 1
+                return True
             got = c._t.recv(c._members[src], key)
         else:
             try_recv = getattr(c._t, "try_recv", None)
@@ -691,7 +721,7 @@ class Comm:
                 raise Exception(f"deadlock: rank {req.source} waits for a message to itself "
                                 f"(tag {req.tag}) that was never sent", ERR_OTHER)
             while not req._done:
-                self._pull(req.source, block=True)
+                self._pull(req.source, block=True, into_buffer=req._buf is not None)
             return
         peers = self._peers()
         if not peers:
@@ -756,7 +786,7 @@ class Comm:
     # ------------------------------------------------------------ point-to-point, buffers
     def Send(self, buf: Any, dest: int, tag: int = 0) -> None:  # noqa: N802
         flat, _ = _buffer(buf, "Send")
-        self._post_send(flat.copy(), dest, tag, is_buffer=True)
+        self._post_send(flat, dest, tag, is_buffer=True)  # a send snapshots it
 
     Ssend = Send
     Bsend = Send
@@ -789,7 +819,7 @@ class Comm:
                          source: int = ANY_SOURCE, recvtag: int = ANY_TAG,
                          status: Status | None = None) -> None:
         flat, _ = _buffer(buf, "Sendrecv_replace", writable=True)
-        self._post_send(flat.copy(), dest, sendtag, is_buffer=True)
+        self._post_send(flat, dest, sendtag, is_buffer=True)  # snapshotted before the receive
         self._post_recv(source, recvtag, flat, "Sendrecv_replace").Wait(status)
 
     # ------------------------------------------------------------ collectives, objects
@@ -873,8 +903,15 @@ class Comm:
     def Allreduce(self, sendbuf: Any, recvbuf: Any, op: Op = SUM) -> None:  # noqa: N802
         op = self._buffer_op(op, "Allreduce")
         recvflat, _ = _buffer(recvbuf, "Allreduce", writable=True)
-        mine = self._send_flat(sendbuf, recvflat, "Allreduce")
+        # IN_PLACE: the receive buffer itself is sent (a send snapshots it first)
+        direct = self._c._native is None
+        mine = recvflat if sendbuf is IN_PLACE and direct else \
+            self._send_flat(sendbuf, recvflat, "Allreduce")
         if op._comm_op is not None:
+            if direct and mine.shape == recvflat.shape and mine.dtype == recvflat.dtype:
+                # straight into the receive buffer, no result array in between
+                self._c.allreduce(mine, op._comm_op, out=recvflat)
+                return
             out = self._c.allreduce(mine, op._comm_op)
         else:
             out = _fold(self._c.allgather(mine), op, "Allreduce")

@@ -15,8 +15,9 @@ sees the bytes written before it. Other architectures need fences that Python ca
 issue: :func:`available` says whether this machine qualifies, and the transport uses TCP
 where it does not.
 
-A record that does not fit in the ring (a large array) travels in a :class:`Segment` of
-its own, which the receiver maps without copying; the ring carries its address.
+A record that does not fit in the ring (a large array) travels in a :class:`Segment`, a
+shared-memory file that the sender fills and reuses once the receiver has copied the
+message out; the ring carries its address.
 """
 
 from __future__ import annotations
@@ -222,55 +223,138 @@ class Ring:
 
 
 class Segment:
-    """A one-message shared-memory file for a payload too large for a ring.
+    """A shared-memory file for payloads too large for a ring, reused message after message.
 
-    The sender writes the parts and keeps the descriptor open until the receiver has mapped
-    it (the ring's head passed the record carrying its address); the receiver maps it and
-    reads the arrays in place.
+    The sender :meth:`create`\ s one, :meth:`fill`\ s it with a message's parts and sends the
+    returned address through the ring; the receiver maps it (:class:`SegmentMaps` keeps the
+    mapping for the next message) and copies the parts out before it consumes the ring
+    record, so once the ring's head has passed that record the sender may fill the segment
+    again. The descriptor stays open while the sender keeps the segment (peers open it
+    through ``/proc``).
     """
 
-    @staticmethod
-    def write(parts: Sequence[memoryview], name: str = "rayflow-seg") -> tuple[int, tuple]:
-        """Copy ``parts`` (flat byte views) into a new segment; returns ``(fd, address)``.
+    def __init__(self, fd: int, size: int, mm: mmap.mmap, token: bytes):
+        self.fd, self.size = fd, size
+        self._mm = mm
+        self.token = token
 
-        ``address`` is what :meth:`open` takes, the offsets of the parts included.
-        """
+    @classmethod
+    def create(cls, size: int, name: str = "rayflow-seg") -> Segment:
+        """A new segment of at least ``size`` data bytes."""
+        size = _TOKEN + max(int(size), 0)
+        fd = os.memfd_create(name, os.MFD_CLOEXEC)
+        try:
+            os.ftruncate(fd, size)
+            mm = mmap.mmap(fd, size, flags=mmap.MAP_SHARED | _POPULATE)
+        except BaseException:
+            os.close(fd)
+            raise
+        token = secrets.token_bytes(_TOKEN)
+        mm[:_TOKEN] = token
+        return cls(fd, size, mm, token)
+
+    @property
+    def capacity(self) -> int:
+        """Data bytes the segment holds (parts are cache-line aligned: see :meth:`need`)."""
+        return self.size - _TOKEN
+
+    @staticmethod
+    def need(parts: Sequence[memoryview]) -> int:
+        """Data bytes that :meth:`fill` needs for ``parts``."""
+        pos = _TOKEN
+        for p in parts:
+            pos = ((pos + 63) & ~63) + p.nbytes
+        return pos - _TOKEN
+
+    def fill(self, parts: Sequence[memoryview]) -> tuple:
+        """Copy ``parts`` (flat byte views) in; returns the address :meth:`open` takes."""
         offsets, pos = [], _TOKEN
         for p in parts:
             pos = (pos + 63) & ~63  # cache-line aligned arrays
             offsets.append((pos, p.nbytes))
             pos += p.nbytes
-        size = max(pos, _TOKEN)
-        fd = os.memfd_create(name, os.MFD_CLOEXEC)
+        if pos > self.size:
+            raise ValueError(f"{pos - _TOKEN} bytes do not fit a segment of {self.capacity}")
+        for (off, n), p in zip(offsets, parts):
+            self._mm[off : off + n] = p
+        return os.getpid(), self.fd, self.size, self.token, tuple(offsets)
+
+    @classmethod
+    def write(cls, parts: Sequence[memoryview], name: str = "rayflow-seg") -> tuple[Segment, tuple]:
+        """A new segment holding ``parts``: ``(segment, address)``."""
+        seg = cls.create(cls.need(parts), name)
+        return seg, seg.fill(parts)
+
+    def close(self) -> None:
+        """Unmap and close the descriptor (receivers that mapped it keep their mapping)."""
         try:
-            os.ftruncate(fd, size)
-            token = secrets.token_bytes(_TOKEN)
-            with mmap.mmap(fd, size, flags=mmap.MAP_SHARED | _POPULATE) as mm:
-                mm[:_TOKEN] = token
-                for (off, n), p in zip(offsets, parts):
-                    mm[off : off + n] = p
-        except BaseException:
-            os.close(fd)
-            raise
-        return fd, (os.getpid(), fd, size, token, tuple(offsets))
+            self._mm.close()
+        except BufferError:  # pragma: no cover - no views of it are handed out
+            pass
+        try:
+            os.close(self.fd)
+        except OSError:
+            pass
 
     @staticmethod
     def open(address: Sequence) -> list[memoryview]:
         """Map a segment another process wrote; returns views of its parts (no copy)."""
         pid, fd, size, token, offsets = address
-        f = _open_peer_fd(pid, fd, os.O_RDWR)
-        try:
-            mm = mmap.mmap(f, size, flags=mmap.MAP_SHARED | _POPULATE)
-        finally:
-            os.close(f)
-        if mm[:_TOKEN] != token:
-            mm.close()
-            raise RuntimeError(
-                f"shared-memory segment {fd} of process {pid} is not the one sent "
-                "(its sender closed it before this rank read the message)"
-            )
-        view = memoryview(mm)
+        view = memoryview(_map_peer(pid, fd, size, token))
         return [view[off : off + n] for off, n in offsets]
+
+
+def _map_peer(pid: int, fd: int, size: int, token: bytes) -> mmap.mmap:
+    f = _open_peer_fd(pid, fd, os.O_RDWR)
+    try:
+        mm = mmap.mmap(f, size, flags=mmap.MAP_SHARED | _POPULATE)
+    finally:
+        os.close(f)
+    if mm[:_TOKEN] != token:
+        mm.close()
+        raise RuntimeError(
+            f"shared-memory segment {fd} of process {pid} is not the one sent "
+            "(its sender closed it before this rank read the message)"
+        )
+    return mm
+
+
+class SegmentMaps:
+    """A receiver's mappings of its peers' segments, kept for the next message (a sender
+    reuses its segments), at most ``keep`` of them; the least recently used goes first."""
+
+    def __init__(self, keep: int = 8):
+        self._keep = keep
+        self._maps: dict[tuple, tuple[mmap.mmap, memoryview]] = {}
+
+    def __len__(self) -> int:
+        return len(self._maps)
+
+    def views(self, address: Sequence) -> list[memoryview]:
+        """Views of the parts at ``address`` (valid until the sender fills the segment again)."""
+        pid, fd, size, token, offsets = address
+        key = (pid, fd, token)
+        got = self._maps.pop(key, None)
+        if got is None:
+            mm = _map_peer(pid, fd, size, token)
+            got = (mm, memoryview(mm))
+            while len(self._maps) >= self._keep:
+                self._drop(next(iter(self._maps)))
+        self._maps[key] = got  # most recently used last
+        view = got[1]
+        return [view[off : off + n] for off, n in offsets]
+
+    def _drop(self, key: tuple) -> None:
+        mm, view = self._maps.pop(key)
+        view.release()
+        try:
+            mm.close()
+        except BufferError:  # a caller still holds a view: the mapping goes with it
+            pass
+
+    def close(self) -> None:
+        for key in list(self._maps):
+            self._drop(key)
 
 
 _POPULATE = getattr(mmap, "MAP_POPULATE", 0)  # fault the pages in at once (Linux)

@@ -33,6 +33,40 @@ def run(gang, fn, **kw):
 
 
 # ------------------------------------------------------------------ rank functions
+def _large_buffers():
+    """1 MiB messages and reductions: receives copy straight from the channel into the
+    buffer, a message kept for a later receive is a private copy, Send's buffer is free
+    again at once, and Allreduce writes into the receive buffer (IN_PLACE too)."""
+    c = MPI.COMM_WORLD
+    n = 131_072
+    rng = np.random.default_rng(c.rank)
+    mine = rng.standard_normal(n) * 10.0 ** rng.integers(-6, 6, n)
+    out = {}
+    if c.rank == 0:
+        x = np.arange(n, dtype=np.float64)
+        c.Send(x, dest=1, tag=5)  # received second
+        x[:] = -1.0  # a send snapshots: this must not reach rank 1
+        c.Send(np.full(n, 2.0), dest=1, tag=6)  # received first
+        c.recv(source=1, tag=9)  # both read: their segments are free again
+        c.Send(np.full(n, 3.0), dest=1, tag=7)  # refills the tag-5 message's segment
+    elif c.rank == 1:
+        a, b, d = np.empty(n), np.empty(n), np.empty(n)
+        c.Recv(b, source=0, tag=6)  # the tag-5 message is read meanwhile and kept
+        c.send("read", dest=0, tag=9)
+        st = MPI.Status()
+        c.Recv(a, source=0, tag=5, status=st)
+        c.Recv(d, source=0, tag=7)
+        out["p2p"] = (a.tobytes() == np.arange(n, dtype=np.float64).tobytes(),
+                      bool((b == 2.0).all()), bool((d == 3.0).all()), st.Get_count(MPI.DOUBLE))
+    recv = np.full(n, np.nan)
+    c.Allreduce(mine, recv, op=MPI.SUM)
+    out["sum"] = recv.tobytes()
+    inplace = mine.copy()
+    c.Allreduce(MPI.IN_PLACE, inplace, op=MPI.MAX)
+    out["max"] = inplace.tobytes()
+    return out
+
+
 def _basics():
     c = MPI.COMM_WORLD
     return (c.Get_rank(), c.Get_size(), c.rank, c.size, MPI.COMM_SELF.Get_size(),
@@ -315,6 +349,22 @@ def test_buffer_methods_match_numpy(gang):
         assert v["alltoall"] == [r + 10 * q for q in range(p)]
         total = sum(np.arange(2.0 * p) * (q + 1) for q in range(p))
         assert v["reduce_scatter_block"] == total[2 * r:2 * r + 2].tolist()
+
+
+def test_large_buffers_are_exact_and_the_reductions_bitwise_the_same(gang):
+    outs = run(gang, _large_buffers)
+    n = 131_072
+    assert outs[1]["p2p"] == (True, True, True, n)
+    vals = []
+    for r in range(4):
+        rng = np.random.default_rng(r)
+        vals.append(rng.standard_normal(n) * 10.0 ** rng.integers(-6, 6, n))
+    want_sum, want_max = vals[0], vals[0]
+    for v in vals[1:]:  # rank order
+        want_sum, want_max = want_sum + v, np.maximum(want_max, v)
+    for o in outs:
+        assert o["sum"] == want_sum.tobytes()
+        assert o["max"] == want_max.tobytes()
 
 
 def test_communicators_and_cartesian_topology(gang):

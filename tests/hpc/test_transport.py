@@ -212,9 +212,10 @@ def test_small_messages_skip_the_pickle_buffers_and_large_ones_use_segments(monk
     """The three paths of a send: in the pickle stream, out-of-band in the ring, a segment."""
     ts, _ = _group(2)
     seen = []
-    real = shm.Segment.write
-    monkeypatch.setattr(shm.Segment, "write", staticmethod(
-        lambda parts, name="rayflow-seg": seen.append(sum(p.nbytes for p in parts)) or real(parts)))
+    real = shm.Segment.fill
+    monkeypatch.setattr(shm.Segment, "fill",
+                        lambda self, parts: seen.append(sum(p.nbytes for p in parts))
+                        or real(self, parts))
     for n in (10, channels.OOB_BYTES // 8 + 1, channels.SEGMENT_BYTES // 8 + 1):
         x = np.arange(n, dtype=np.float64)
         ts[0].send(1, ("k", n), x)
@@ -225,6 +226,31 @@ def test_small_messages_skip_the_pickle_buffers_and_large_ones_use_segments(monk
     assert len(seen) == 1 and big < seen[0] < big + 1024  # the array and the pickle header
     for t in ts:
         t.close()
+
+
+def test_segments_are_reused_and_what_was_received_stays_private():
+    """A sender refills a segment once its receiver has read the message; the receiver's
+    array is its own copy, so the refill never changes what it already received."""
+    ts, _ = _group(2)
+    pool = ts[0]._ch.pool
+    n = channels.SEGMENT_BYTES // 8 * 4  # 1 MiB
+    kept = []
+    for k in range(20):
+        ts[0].send(1, ("k", k), np.full(n, float(k)))
+        kept.append(ts[1].recv(0, ("k", k)))
+    assert pool.created == 1  # one segment for all twenty messages
+    for k, got in enumerate(kept):
+        np.testing.assert_array_equal(got, np.full(n, float(k)))
+    # two in flight at once (the first not read yet): a second segment, then both reused
+    for k in range(3):
+        ts[0].send(1, ("a", k), np.full(n, 1.0 + k))
+        ts[0].send(1, ("b", k), np.full(n, -1.0 - k))
+        np.testing.assert_array_equal(ts[1].recv(0, ("b", k)), np.full(n, -1.0 - k))
+        np.testing.assert_array_equal(ts[1].recv(0, ("a", k)), np.full(n, 1.0 + k))
+    assert pool.created == 2 and len(ts[1]._ch.maps) == 2
+    for t in ts:
+        t.close()
+    assert pool.free == 0  # closed with the channels
 
 
 def test_ranks_spin_only_when_their_node_has_a_core_each():
@@ -240,23 +266,24 @@ def test_ranks_spin_only_when_their_node_has_a_core_each():
         ep._close_inbound()
 
 
-def test_a_large_bcast_is_written_once_and_its_segment_closes_once_all_have_read(monkeypatch):
+def test_a_large_bcast_is_written_once_and_its_segment_is_free_once_all_have_read(monkeypatch):
     import os
 
     ts, _ = _group(4)
     writes = []
-    real = shm.Segment.write
-    monkeypatch.setattr(shm.Segment, "write", staticmethod(
-        lambda parts, name="rayflow-seg": writes.append(name) or real(parts, name)))
+    real = shm.Segment.create
+    monkeypatch.setattr(shm.Segment, "create", classmethod(
+        lambda cls, size, name="rayflow-seg": writes.append(name) or real(size, name)))
     x = np.arange(100_000, dtype=np.float64)  # 800 kB: a segment
     links = [ts[0]._ch.links[d] for d in (1, 2, 3)]
+    pool = ts[0]._ch.pool
 
     def fn(comm):
         got = comm.bcast(x if comm.rank == 0 else None, root=0)
         held = None
-        if comm.rank == 0:  # no other send yet: the descriptor stays open for the readers
+        if comm.rank == 0:  # no other send yet: the segment waits for its readers
             (seg,) = {lk.segments[0][1] for lk in links}
-            held = (seg, os.fstat(seg.fd).st_size)
+            held = (seg, os.fstat(seg.fd).st_size, pool.free)
         comm.barrier()
         comm.barrier()  # the first barrier's sends may come before every reader has read
         return got, held
@@ -264,13 +291,16 @@ def test_a_large_bcast_is_written_once_and_its_segment_closes_once_all_have_read
     outs = _run(ts, fn)
     for got, _ in outs:
         np.testing.assert_array_equal(got, x)
-    seg, size = outs[0][1]
+    seg, size, free_while_read = outs[0][1]
     assert len(writes) == 1 and writes[0].endswith("-many") and size >= x.nbytes
+    pool.sweep()  # what the next large send does first
     assert all(not lk.segments for lk in links)
-    with pytest.raises(OSError):  # closed by the last reader's release
-        os.fstat(seg.fd)
+    assert free_while_read == 0 and pool.free == 1  # read by all three: free for the next
+    os.fstat(seg.fd)  # kept open for reuse
     for t in ts:
         t.close()
+    with pytest.raises(OSError):  # closed with the channels
+        os.fstat(seg.fd)
 
 
 @pytest.mark.parametrize("ring_bytes", [4096, shm.RING_BYTES])
@@ -332,3 +362,71 @@ def test_try_recv_looks_without_blocking_and_wait_any_wakes_on_a_send(mode):
     finally:
         for t in ts:
             t.close()
+
+
+@pytest.mark.parametrize("size", [2, 3, 4])
+def test_allreduces_are_the_rank_order_fold_bit_for_bit_on_every_rank(size):
+    """Large arrays are combined straight from the peers' rings and segments into the
+    output (a given ``out``, or the array sent itself); every rank still gets exactly
+    numpy's left fold in rank order, for arrays through the ring (40 kB), through segments
+    all-to-all (1.1 MB) and as reduce-scatter + allgather above 2 ranks (4.8 MB)."""
+    rng = np.random.default_rng(size)
+    data = {n: [rng.standard_normal(n) * 10.0 ** rng.integers(-6, 6, n) for _ in range(size)]
+            for n in (5_000, 140_000, 600_000)}
+    ufuncs = {"sum": np.add, "prod": np.multiply, "min": np.minimum, "max": np.maximum}
+    ts, boxes = _group(size)
+
+    def fn(comm):
+        r, out = comm.rank, {}
+        for n, vals in data.items():
+            for op in ufuncs:
+                out[(n, op)] = comm.allreduce(vals[r], op)
+            buf = np.full(n, np.nan)
+            out[(n, "out is buf")] = comm.allreduce(vals[r], "sum", out=buf) is buf
+            out[(n, "out")] = buf
+            mine = vals[r].copy()
+            comm.allreduce(mine, "sum", out=mine)  # in place, as MPI.IN_PLACE
+            out[(n, "in place")] = mine
+        return out
+
+    outs = _run(ts, fn)
+    for n, vals in data.items():
+        for op, uf in ufuncs.items():
+            want = vals[0]
+            for v in vals[1:]:
+                want = uf(want, v)
+            for o in outs:
+                assert o[(n, op)].tobytes() == want.tobytes(), (n, op)
+                if op == "sum":
+                    assert o[(n, "out is buf")]
+                    assert o[(n, "out")].tobytes() == want.tobytes()
+                    assert o[(n, "in place")].tobytes() == want.tobytes()
+        if size > 2:  # the order matters for these sums: the test would see another order
+            rev = vals[-1]
+            for v in vals[-2::-1]:
+                rev = rev + v
+            assert rev.tobytes() != outs[0][(n, "sum")].tobytes()
+    assert all(b.pending("s1") == 0 for b in boxes)
+    for t in ts:
+        t.close()
+
+
+def test_a_large_allreduce_of_mismatched_arrays_raises_on_both_ranks():
+    ts, boxes = _group(2)
+    n = 140_000
+
+    def fn(comm):
+        try:
+            comm.allreduce(np.ones(n + 8 * comm.rank))
+        except ValueError as err:
+            return str(err)
+        return None
+
+    for msg in _run(ts, fn):
+        assert f"rank 0: an array of float64 ({n},), rank 1: an array of float64 ({n + 8},)" \
+            in msg
+    assert all(b.pending("s1") == 0 for b in boxes)
+    with pytest.raises(ValueError, match="out must be a writable array like the one sent"):
+        Communicator(ts[0]).allreduce(np.ones(3), out=np.ones(4))
+    for t in ts:
+        t.close()
