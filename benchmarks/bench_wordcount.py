@@ -67,7 +67,7 @@ def plain(bs: str, topic: str, n: int, client: str, counts: dict[str, int]):
     def run(_round: int) -> dict:
         out = S.new_topic(bs, "wc-plain")
         t0 = time.time()
-        t_done = S.plain_wordcount(client, bs, topic, out, n)
+        t_done = S.run_plain("wordcount", client, bs, topic, out, n)
         recs = S.read_back(bs, out)
         return _check(S.figures(n, recs, S.wordcount_stamps, t0, t_done), recs, counts)
     return run
