@@ -3,8 +3,8 @@
 Ray is imported lazily so that importing the rayflow API does not import Ray.
 ``RAY_AUTH_MODE=token`` must be in the environment before Ray is imported when a
 client connects to a cluster by address (Ray 2.60 turns token authentication on by
-default), so it is set here, once, for every entry point. The public entry point is
-:func:`rayflow.init`.
+default), so it is set here, once, for every entry point, unless the program imported Ray
+first (:func:`auth_mode`). The public entry point is :func:`rayflow.init`.
 """
 
 from __future__ import annotations
