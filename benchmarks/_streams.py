@@ -280,14 +280,16 @@ def plain_wordcount(client: str, bootstrap: str, topic_in: str, topic_out: str, 
     return t_done
 
 
-PLAIN = {"identity": "plain_identity", "wordcount": "plain_wordcount"}
+PLAIN = {"identity": plain_identity, "wordcount": plain_wordcount}
 
 
 def run_plain(workload: str, client: str, bootstrap: str, topic_in: str, topic_out: str,
               n: int, timeout_s: float = 300) -> float:
     """:func:`plain_identity` or :func:`plain_wordcount` in a fresh Python process (this
     file run as a script); returns the time its final flush returned."""
-    cmd = [sys.executable, os.path.abspath(__file__), PLAIN[workload], client, bootstrap,
+    if workload not in PLAIN:
+        raise ValueError(f"run_plain: workload is one of {sorted(PLAIN)}, got {workload!r}")
+    cmd = [sys.executable, os.path.abspath(__file__), workload, client, bootstrap,
            topic_in, topic_out, str(n)]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
     if out.returncode != 0:
@@ -296,7 +298,6 @@ def run_plain(workload: str, client: str, bootstrap: str, topic_in: str, topic_o
     return float(out.stdout.strip().splitlines()[-1])
 
 
-if __name__ == "__main__":  # python _streams.py plain_wordcount CLIENT BS IN OUT N
-    fn, client_, bs_, t_in, t_out, n_ = sys.argv[1:7]
-    assert fn in PLAIN.values(), fn
-    print(globals()[fn](client_, bs_, t_in, t_out, int(n_)))
+if __name__ == "__main__":  # python _streams.py wordcount|identity CLIENT BS IN OUT N
+    workload_, client_, bs_, t_in, t_out, n_ = sys.argv[1:7]
+    print(PLAIN[workload_](client_, bs_, t_in, t_out, int(n_)))

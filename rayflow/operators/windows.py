@@ -513,19 +513,16 @@ class _CountLogic(_StatefulLogic):
         ends = np.append(bounds[1:], len(order))
         filled = ends - bounds + np.where(t == 0, n_prev[owner], 0)  # the window's count
         merge = agg.merge
-        for i in np.flatnonzero(n_prev).tolist():  # open windows go on with this batch
-            acc, k = prevs[i][1], int(seg0[i])
+        for i, k in zip(np.flatnonzero(n_prev).tolist(), seg0[n_prev > 0].tolist()):
+            acc = prevs[i][1]  # the key's open window goes on with this batch
             if acc is not None:
                 accs[k] = merge(acc, accs[k])
         closed = np.flatnonzero(filled >= size)
         closed = closed[np.argsort(order[ends[closed] - 1], kind="stable")]  # input order
         c_own, c_seq = owner[closed].tolist(), (seq_prev[owner[closed]] + t[closed]).tolist()
         result = agg.result
-        if type(agg).result is Aggregator.result:  # the accumulator is the value
-            values = [accs[k] for k in closed.tolist()]
-        else:
-            values = [result(accs[k]) for k in closed.tolist()]
-        out = [WindowResult(pkeys[o], s, s + 1, v) for o, s, v in zip(c_own, c_seq, values)]
+        out = [WindowResult(pkeys[o], s, s + 1, result(accs[k]))
+               for o, s, k in zip(c_own, c_seq, closed.tolist())]
         last = seg0 + nseg - 1
         ended = (filled[last] >= size).tolist()
         n_last, seq_last = filled[last].tolist(), (seq_prev + nseg - 1).tolist()
