@@ -222,7 +222,8 @@ class Coordinator:
                                           final, p.savepoint,
                                           frozenset(final & self.drained))
         self.history.append({"id": p.checkpoint_id, "duration_s": now - p.started,
-                             "status": "completed", "acked_s": _per_task(p.acked_s)})
+                             "status": "completed", "acked_s": _per_task(p.acked_s),
+                             "inflight_batches": _inflight(p.acks)})
         self.pending = None
         self.last_end = now
         acts: list = [Complete(p.checkpoint_id, final)]
@@ -238,6 +239,12 @@ class Coordinator:
         self.pending = None
         self.last_end = now
         return Abort(p.checkpoint_id, reason)
+
+
+def _inflight(acks: dict[Task, Any]) -> int:
+    """Batches an unaligned checkpoint holds in flight (its channel state; 0 when aligned)."""
+    return sum(len(msgs) for h in acks.values()
+               for msgs in (getattr(h, "inflight", None) or {}).values())
 
 
 def _per_task(acked_s: dict[Task, float]) -> dict[str, float]:

@@ -257,11 +257,19 @@ class CheckpointOptions(BaseModel):
         "that exchange records with the failed ones (region), or every instance (full)")
     tick_s: float = Field(0.2, gt=0, description="seconds between the timer ticks an idle "
                           "source sends (they close processing-time windows)")
+    unaligned: bool = Field(
+        False, description="unaligned checkpoints (exactly_once only): barriers overtake the "
+        "batches queued in the channels and those batches are stored with the checkpoint, so "
+        "a checkpoint does not wait for a backpressured job to work through its queues; "
+        "savepoints stay aligned")
 
     @model_validator(mode="after")
     def _filesystem_needs_a_directory(self) -> CheckpointOptions:
         if self.state_backend == "filesystem" and not self.state_dir:
             raise ValueError("state_backend 'filesystem' needs state_dir")
+        if self.unaligned and self.processing_guarantee != "exactly_once":
+            raise ValueError(f"unaligned checkpoints need processing_guarantee "
+                             f"'exactly_once', not {self.processing_guarantee!r}")
         return self
 
 

@@ -169,6 +169,10 @@ def test_invalid_yaml_and_bad_values_in_file(tmp_path):
     f.write_text("checkpoint:\n  state_backend: filesystem\n")
     with pytest.raises(ConfigError, match="broken.yaml:1: checkpoint: .*needs state_dir"):
         load_config(f)
+    f.write_text("checkpoint:\n  unaligned: true\n")  # the default guarantee: at_least_once
+    with pytest.raises(ConfigError, match="broken.yaml:1: checkpoint: .*unaligned checkpoints "
+                                          "need processing_guarantee 'exactly_once'"):
+        load_config(f)
     with pytest.raises(ConfigError, match="configuration file .*missing.yaml: cannot read"):
         load_config(tmp_path / "missing.yaml")
 

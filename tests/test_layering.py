@@ -20,6 +20,7 @@ PURE = [
     "rayflow.connectors.base", "rayflow.connectors.memory", "rayflow.connectors.kafka",
     "rayflow.hpc.comm", "rayflow.hpc.cannon_index", "rayflow.hpc.cg_math", "rayflow.hpc.MPI",
     "rayflow.examples.wordcount", "rayflow.runtime.alignment", "rayflow.runtime.plan",
+    "rayflow.runtime.inflight",
 ]
 
 

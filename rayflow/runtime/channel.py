@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 import ray
 
-from rayflow.batches import Batch, EndOfStream, nbytes, partition_indices, take
+from rayflow.batches import Barrier, Batch, EndOfStream, nbytes, partition_indices, take
 from rayflow.runtime.plan import OutEdge
 
 
@@ -246,7 +246,7 @@ class _Channel:
     handle: Any
     target: tuple[str, int]
     local: Any = None  # the receiving StepTask when it is chained into this actor
-    window: deque = field(default_factory=deque)  # (ref, nbytes, rows)
+    window: deque = field(default_factory=deque)  # (ref, nbytes, rows, seq, batch or None)
     bytes: int = 0
     seq: int = 0  # messages sent: the receiver restores their order (see StepHost.push)
     service_s: float = 0.0  # seconds the receiver takes per call of this channel (EWMA)
@@ -259,8 +259,11 @@ class Emitter:
     def __init__(self, source: tuple[str, int], edges: list[OutEdge],
                  handles: dict[str, list[Any]], max_bytes: int, max_calls: int,
                  local: dict | None = None, target_s: float = 0.0,
-                 batch_target_s: float = 0.0):
+                 batch_target_s: float = 0.0, unaligned: bool = False):
         self.source = source
+        # unaligned checkpoints: barriers go out of band, and the batches of calls not yet
+        # finished are kept (they become the checkpoint's channel state)
+        self.unaligned = unaligned
         self.max_bytes, self.max_calls = max_bytes, max_calls
         self.target_s = target_s
         local = local or {}
@@ -352,6 +355,66 @@ class Emitter:
             for chan in chans:
                 self._send(chan, msg, 0)
 
+    def emit_barrier(self, barrier: Barrier) -> dict[tuple[str, int], tuple]:
+        """Pass ``barrier`` on to every downstream instance. Aligned (and for savepoints), in
+        order with the batches; unaligned, out of band: it reaches a remote receiver on its
+        control thread, ahead of the batches queued there, and the batches sent on that
+        channel and not yet seen handled are returned, ``{receiver: ((seq, batch), ...)}``,
+        to be stored with the checkpoint (see :mod:`rayflow.runtime.inflight`). A chained
+        receiver gets it in order: it handled everything sent to it already."""
+        held: dict[tuple[str, int], tuple] = {}
+        for _, chans in self.edges:
+            for chan in chans:
+                if chan.local is not None or not self.unaligned or barrier.stop_after:
+                    self._send(chan, barrier, 0)
+                    continue
+                while chan.window and self._complete_oldest(chan, block=False):
+                    pass
+                msgs = tuple((seq, b) for _, _, _, seq, b in chan.window if b is not None)
+                if msgs:
+                    held[chan.target] = msgs
+                chan.handle.barrier.remote(barrier.checkpoint_id, self.source, chan.seq,
+                                           chan.target)
+                # and in the channel: the receiver must not handle what follows it before it
+                # has the barrier (the out-of-band call may come late); a marker goes without
+                # waiting for a free call
+                self._send(chan, barrier, 0, wait=False)
+        return held
+
+    def wait_for_room(self, stop: Callable[[], bool] = lambda: False) -> None:
+        """Wait until every full channel (and those of the steps chained after this one) has
+        a call finished, changing nothing: the next batch then goes out without waiting
+        inside its handling. Unaligned checkpoints wait here, outside the host's data lock,
+        so that an overtaking barrier can snapshot while the instance is held back by a slow
+        receiver. Returns early when ``stop()`` (checked every 50 ms)."""
+        t0 = time.perf_counter()
+        while not stop():
+            refs = self._full_heads()
+            if not refs:
+                break
+            ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0.05, fetch_local=False)
+            if len(ready) == len(refs):
+                break
+        self.backpressure_s += time.perf_counter() - t0
+
+    def _full_heads(self) -> list:
+        """The oldest call of every channel that has no room for one more."""
+        refs = []
+        for _, chans in self.edges:
+            for chan in chans:
+                if chan.local is not None:
+                    if chan.local.emitter is not None:
+                        refs += chan.local.emitter._full_heads()
+                    continue
+                window = chan.window
+                calls = window_calls(self.max_calls, self.target_s, chan.service_s)
+                if len(window) >= calls or chan.bytes > self.max_bytes:
+                    try:
+                        refs.append(window[0][0])
+                    except IndexError:  # retired meanwhile
+                        pass
+        return refs
+
     def drain(self) -> None:
         """Wait for every in-flight call to finish; raise the first downstream error."""
         for _, chans in self.edges:
@@ -401,7 +464,7 @@ class Emitter:
         if pace.per_record_s is None and not pace.blind and left > pace.FIRST_ROWS:
             t0 = time.perf_counter()
             while pace.per_record_s is None and not pace.blind and \
-                    any(rows for _, _, rows in chan.window):
+                    any(w[2] for w in chan.window):
                 self._complete_oldest(chan, block=True)
             self.backpressure_s += time.perf_counter() - t0
         return pace.next_part()
@@ -439,7 +502,7 @@ class Emitter:
             for ref in ready:
                 self._complete_oldest(heads[ref], block=True)  # done: does not wait
 
-    def _send(self, chan: _Channel, msg: Any, size: int) -> None:
+    def _send(self, chan: _Channel, msg: Any, size: int, wait: bool = True) -> None:
         if chan.local is not None:  # chained: a plain call, in this thread
             t0 = time.perf_counter()
             chan.local.push(msg, self.source, chan.seq)
@@ -453,7 +516,8 @@ class Emitter:
         while chan.window and self._complete_oldest(chan, block=False):
             pass
         calls = window_calls(self.max_calls, self.target_s, chan.service_s)
-        if chan.window and (len(chan.window) >= calls or chan.bytes + size > self.max_bytes):
+        if wait and chan.window and (len(chan.window) >= calls
+                                     or chan.bytes + size > self.max_bytes):
             t0 = t = time.perf_counter()
             while chan.window and (len(chan.window) >= calls
                                    or chan.bytes + size > self.max_bytes):
@@ -466,15 +530,17 @@ class Emitter:
                 calls = window_calls(self.max_calls, self.target_s, chan.service_s)
             self.backpressure_s += time.perf_counter() - t0
         ref = chan.handle.push.remote(msg, self.source, chan.seq, chan.target)
+        kept = msg if self.unaligned and isinstance(msg, Batch) else None
+        chan.window.append((ref, size, len(msg) if isinstance(msg, Batch) else 0, chan.seq,
+                            kept))
         chan.seq += 1
-        chan.window.append((ref, size, len(msg) if isinstance(msg, Batch) else 0))
         chan.bytes += size
         if size:
             self.batches_out += 1
             self.bytes_out += size
 
     def _complete_oldest(self, chan: _Channel, block: bool) -> bool:
-        ref, size, rows = chan.window[0]
+        ref, size, rows, _, _ = chan.window[0]
         if not block:
             ready, _ = ray.wait([ref], timeout=0, fetch_local=False)
             if not ready:

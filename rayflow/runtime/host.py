@@ -2,15 +2,18 @@
 for what chains), each instance running a source, an operator or a sink.
 
 Methods run in two concurrency groups: ``data`` (one thread: the source loop, or ``push``
-calls in arrival order) and ``control`` (status, stop, checkpoint triggers and commits,
-results), so a host that is blocked by backpressure still answers the job. Actors reserve
+calls in arrival order) and ``control`` (status, stop, checkpoint triggers, overtaking
+barriers and commits, results), so a host that is blocked by backpressure still answers the job. Actors reserve
 ``stream.actor_num_cpus`` CPUs (default 0): a stream's steps mostly wait on each other and on
 I/O, and with 1 CPU each a graph larger than the core count would never be scheduled.
 
 Checkpoints: a source injects ``Barrier(n)`` between batches when the coordinator asks; an
 instance with several inputs *aligns*: after barrier n arrived on one input, that input's
 messages wait in a buffer until barrier n has arrived on all inputs; then the instance
-snapshots its state, acknowledges to the coordinator and forwards the barrier.
+snapshots its state, acknowledges to the coordinator and forwards the barrier. With
+``checkpoint.unaligned`` the barrier also goes out of band (``barrier``, a control method),
+overtaking the queued batches, and the instance snapshots between two messages under the
+host's data lock (see :mod:`rayflow.runtime.inflight`).
 """
 
 from __future__ import annotations
@@ -50,8 +53,9 @@ from rayflow.operators.watermarks import (
     SplitWatermarks,
     split_position,
 )
-from rayflow.runtime.alignment import Aligned, BarrierAligner
+from rayflow.runtime.alignment import Aligned, BarrierAligner, OvertakingBarriers
 from rayflow.runtime.channel import BatchSizer, Emitter, unwrap
+from rayflow.runtime.inflight import UnalignedHandle
 from rayflow.runtime.plan import OutEdge
 
 MAX_KEPT_DEAD_LETTERS = 10_000
@@ -65,8 +69,13 @@ class StepTask:
 
     def __init__(self, step: Step, ctx: StepContext, options: StreamOptions,
                  dead_letter_sink: SinkSpec | None = None, resume_state: Any = None,
-                 coordinator: Any = None, tick_s: float = 0.2):
+                 coordinator: Any = None, tick_s: float = 0.2, unaligned: bool = False,
+                 replay: list | None = None):
         self.step, self.ctx = step, ctx
+        # unaligned checkpoints: barriers overtake the queued batches (rayflow.runtime.inflight)
+        self.unaligned = unaligned
+        self._overtaking = OvertakingBarriers(())
+        self._replay = list(replay or ())  # (sender, batch) in flight at the restored checkpoint
         self.opts = options.model_copy(update={
             k: v for k, v in step.options.items() if k in StreamOptions.model_fields
         })
@@ -120,9 +129,11 @@ class StepTask:
                 inputs: list[tuple[str, int]], local: dict[tuple[str, int], StepTask]):
         self.emitter = Emitter((self.ctx.step_id, self.ctx.instance), edges, handles,
                                self.opts.channel_bytes, self.opts.channel_calls, local,
-                               self.opts.channel_target_s, self.opts.batch_target_s)
+                               self.opts.channel_target_s, self.opts.batch_target_s,
+                               self.unaligned)
         self._inputs = list(inputs)
         self._align = BarrierAligner(self._inputs)
+        self._overtaking = OvertakingBarriers(self._inputs)
         self._valve = InputWatermarks(self._inputs)
         return True
 
@@ -153,6 +164,8 @@ class StepTask:
             while not self._stop.is_set():
                 t0 = time.perf_counter()
                 ch0 = emitter.chained_s
+                if self.unaligned:  # a barrier need not wait behind a batch held back
+                    emitter.wait_for_room(lambda: self._trigger is not None)
                 wait = linger_s if not pending else max(0.0, first + linger_s - time.perf_counter())
                 got = reader.poll(batch_size - pending, wait)
                 if got is not None:
@@ -185,8 +198,8 @@ class StepTask:
                     t1 = time.perf_counter()
                     pos = self._position()
                     self._checkpointed(barrier.checkpoint_id, pos, time.perf_counter() - t1)
-                    self._ack(barrier.checkpoint_id, pos)
-                    emitter.emit_control(barrier)
+                    held = emitter.emit_barrier(barrier)
+                    self._ack(barrier.checkpoint_id, self._with_channels(barrier, pos, held))
                     if barrier.stop_after:
                         self._drain = False
                         break
@@ -292,7 +305,7 @@ class StepTask:
                 return None
             while True:
                 self._next_seq[sender] = seq + 1
-                if self._align.is_blocked(sender):
+                if self._blocked(sender):
                     self._held.append((msg, sender))
                 else:
                     self._handle(msg, sender)
@@ -317,7 +330,10 @@ class StepTask:
         if isinstance(msg, Batch):
             self._on_batch(msg, sender)
         elif isinstance(msg, Barrier):
-            self._on_barrier(msg, sender)
+            if self.unaligned and not msg.stop_after:  # the in-channel copy
+                self._aligned(self._overtaking.on_barrier(msg.checkpoint_id, sender, True))
+            else:
+                self._on_barrier(msg, sender)
         elif isinstance(msg, Watermark):
             self._forward_watermark(self._valve.update(sender, msg))
         elif isinstance(msg, Tick):
@@ -330,6 +346,8 @@ class StepTask:
                 # nothing may fire: the open windows are in the savepoint)
                 self._forward_watermark(self._valve.finish(sender))
             self._aligned(self._align.on_end(sender))
+            if self.unaligned:
+                self._aligned(self._overtaking.on_end(sender))
             if len(self._finished_inputs) >= len(self._inputs):
                 self._on_eos()
 
@@ -399,6 +417,10 @@ class StepTask:
             self.emitter.emit_control(tick)
 
     # -- checkpoints ---------------------------------------------------------------------
+    def _blocked(self, sender: tuple[str, int]) -> bool:
+        """Whether what ``sender`` sends now waits for a checkpoint's snapshot."""
+        return self._align.is_blocked(sender) or self._overtaking.is_blocked(sender)
+
     def _on_barrier(self, barrier: Barrier, sender: tuple[str, int]) -> None:
         self._aligned(self._align.on_barrier(barrier, sender))
 
@@ -410,7 +432,7 @@ class StepTask:
                 self._snapshot(act.barrier)
             held, self._held = self._held, deque()
             for msg, sender in held:
-                if self._align.is_blocked(sender):  # blocked again by a newer barrier
+                if self._blocked(sender):  # blocked again by a newer barrier
                     self._held.append((msg, sender))
                 else:
                     self._handle(msg, sender)
@@ -426,10 +448,40 @@ class StepTask:
             if handle is not None:
                 with self._lock:
                     self._snapshots.append((cid, handle))
-        self._checkpointed(cid, handle, time.perf_counter() - t0)
-        self._ack(cid, handle)
-        if self.step.kind != "sink":
-            self.emitter.emit_control(barrier)
+        held = self.emitter.emit_barrier(barrier) if self.step.kind != "sink" else {}
+        acked = self._with_channels(barrier, handle, held)
+        self._checkpointed(cid, acked, time.perf_counter() - t0)
+        self._ack(cid, acked)
+
+    def _with_channels(self, barrier: Barrier, state: Any, held: dict) -> Any:
+        """What this task acknowledges: its state, and in an unaligned checkpoint the
+        batches it holds in flight and how far it had handled each input."""
+        if not self.unaligned or barrier.stop_after:
+            return state
+        return UnalignedHandle(state, held, dict(self._next_seq))
+
+    def on_overtaking_barrier(self, checkpoint_id: int, sender: tuple[str, int]) -> None:
+        """Unaligned checkpoints: barrier ``checkpoint_id`` arrived from ``sender`` out of
+        band (the host holds its data lock: no message is being handled). Snapshot once it
+        came from every input still running."""
+        if self._error is not None or self._ended:
+            return
+        try:
+            self._aligned(self._overtaking.on_barrier(checkpoint_id, sender))
+        except BaseException as exc:
+            self._fail(exc)
+            raise self._error from None
+
+    def replay(self) -> None:
+        """Restored from an unaligned checkpoint: handle the batches it held in flight to
+        this task first, before anything new arrives."""
+        msgs, self._replay = self._replay, []
+        try:
+            for sender, batch in msgs:
+                self._on_batch(batch, tuple(sender))
+        except BaseException as exc:
+            self._fail(exc)
+            raise self._error from None
 
     def _ack(self, checkpoint_id: int, handle: Any) -> None:
         if self.coordinator is not None:
@@ -593,7 +645,7 @@ def tune_gc(options: StreamOptions) -> None:
 
 
 # (Ray's overloads of remote() omit concurrency_groups)
-@ray.remote(concurrency_groups={"data": 1, "control": 2})  # type: ignore[call-overload]
+@ray.remote(concurrency_groups={"data": 1, "control": 3})  # type: ignore[call-overload]
 class StepHost:
     """The actor of one chain of step instances: its head (a source, or an instance fed by
     other actors) and the instances chained to it, which take their input from the previous
@@ -606,7 +658,8 @@ class StepHost:
 
     def __init__(self, members: list[tuple[Step, StepContext, Any]], options: StreamOptions,
                  dead_letter_sink: SinkSpec | None = None, coordinator: Any = None,
-                 tick_s: float = 0.2, config: RayflowConfig | None = None):
+                 tick_s: float = 0.2, config: RayflowConfig | None = None,
+                 replay: dict | None = None):
         set_current(config)  # what code inside the steps reads: the job's, not this node's
         worker_logging()
         self.tasks: dict[tuple[str, int], StepTask] = {}
@@ -614,10 +667,16 @@ class StepHost:
         # the actor: Ray would report a dead actor with the cause deep in its tracebacks.
         # connect() raises the one StepError instead.
         self.start_error: StepError | None = None
+        # one message at a time: a push, or an overtaking barrier's snapshot
+        self._data = threading.Lock()
+        chk = config.checkpoint if config is not None else None
+        unaligned = bool(chk is not None and chk.unaligned and coordinator is not None)
+        replay = replay or {}
         for step, ctx, resume in members:
+            key = (ctx.step_id, ctx.instance)
             try:
-                self.tasks[(ctx.step_id, ctx.instance)] = StepTask(
-                    step, ctx, options, dead_letter_sink, resume, coordinator, tick_s)
+                self.tasks[key] = StepTask(step, ctx, options, dead_letter_sink, resume,
+                                           coordinator, tick_s, unaligned, replay.get(key))
             except Exception as exc:  # noqa: BLE001 - any build error, reported once
                 self.start_error = StepError(ctx.step_id, ctx.instance, START_UP,
                                              describe_exception(exc))
@@ -649,7 +708,29 @@ class StepHost:
     @ray.method(concurrency_group="data")
     def push(self, msg: Any, sender: tuple[str, int], seq: int,
              target: tuple[str, int] | None = None) -> float | None:
-        return self._task(target).push(msg, sender, seq)
+        task = self._task(target)
+        if task.unaligned and task.emitter is not None and isinstance(msg, Batch):
+            # held back by a slow receiver: wait here, outside the lock, where an overtaking
+            # barrier may snapshot
+            task.emitter.wait_for_room()
+        with self._data:
+            return task.push(msg, sender, seq)
+
+    @ray.method(concurrency_group="control")
+    def barrier(self, checkpoint_id: int, sender: tuple[str, int], seq: int,
+                target: tuple[str, int] | None = None) -> None:
+        """An unaligned checkpoint's barrier, out of band: it follows message ``seq - 1``
+        of the channel from ``sender``, which may still be queued here."""
+        with self._data:
+            self._task(target).on_overtaking_barrier(checkpoint_id, (sender[0], sender[1]))
+
+    @ray.method(concurrency_group="data")
+    def replay(self) -> bool:
+        """Handle what the restored checkpoint held in flight to these tasks."""
+        with self._data:
+            for task in self.tasks.values():
+                task.replay()
+        return True
 
     @ray.method(concurrency_group="control")
     def trigger_checkpoint(self, checkpoint_id: int, stop_after: bool = False) -> None:

@@ -155,12 +155,19 @@ class Job:
 
         from rayflow.runtime.coordinator import SplitClient
         from rayflow.runtime.host import StepHost
+        from rayflow.runtime.inflight import replay, state_of
         from rayflow.state import backend_from_name
 
         opts, chk = self.config.stream, self.config.checkpoint
         backend = backend_from_name(chk.state_backend, chk.state_dir)
         steps = {s.step_id: s for s in self.flow.steps}
-        handles_in = latest.handles if latest is not None else {}
+        checkpointed = latest.handles if latest is not None else {}
+        handles_in = {k: state_of(h) for k, h in checkpointed.items()}
+        # unaligned: the batches the checkpoint holds in flight, by the instance they go to
+        replays = replay(checkpointed, latest.finished_tasks, self.plan.parallelism,
+                         {(e.upstream, s.step_id): (e.partitioning, e.key_fn)
+                          for s in self.flow.steps for e in s.inputs}) \
+            if latest is not None and not fresh_state else {}
         old_par = Counter(s for s, _ in handles_in)
         spread = _spread_nodes() if opts.scheduling_strategy == "SPREAD" else []
         built: dict[tuple[str, int], tuple] = {}  # instance -> (step, ctx, resume)
@@ -211,7 +218,8 @@ class Job:
                 num_cpus=step.options.get("actor_num_cpus", opts.actor_num_cpus),
                 scheduling_strategy=strategy, **extra,
             ).remote([built[k] for k in keys], opts, self.flow.dead_letter_sink,
-                     self.coordinator, chk.tick_s, config=self.config)
+                     self.coordinator, chk.tick_s, config=self.config,
+                     replay={k: replays[k] for k in keys if k in replays})
             for k in keys:
                 self.hosts[k] = actor
         handles: dict[str, list[Any]] = defaultdict(list)
@@ -234,6 +242,9 @@ class Job:
                                                 positions) if only is None else
                  self.coordinator.resume_region.remote({k: self.hosts[k] for k in only},
                                                        sources)])
+            # what was in flight at the checkpoint goes first, before the sources read on
+            ray.get([self.hosts[head].replay.remote() for head, keys in members.items()
+                     if any(k in replays for k in keys)])
         except Exception as exc:  # noqa: BLE001 - a step failed to build (bad config, no topic)
             if recovering:
                 raise unwrap(exc) from None
@@ -520,7 +531,10 @@ class Job:
         if not base:
             return
         root = os.path.realpath(os.path.join(base, self.flow.name))
-        for path in _paths_in(self._latest.handles if self._latest else {}):
+        from rayflow.runtime.inflight import state_of
+
+        handles = self._latest.handles if self._latest else {}
+        for path in _paths_in({k: state_of(h) for k, h in handles.items()}):
             real = os.path.realpath(path)
             if real.startswith(root + os.sep) and os.path.exists(real):
                 if os.path.isdir(real):
@@ -652,7 +666,8 @@ class Job:
     def checkpoints(self) -> list[dict]:
         """Every checkpoint so far: id, ``duration_s``, status, and ``acked_s``: when each
         task acknowledged it, in seconds from its start, by ``"step[instance]"`` (where a
-        slow checkpoint waited)."""
+        slow checkpoint waited); a completed one also has ``inflight_batches``, the batches
+        an unaligned checkpoint stored from the channels (0 when aligned)."""
         import ray
 
         if self.coordinator is not None:
