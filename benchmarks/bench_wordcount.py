@@ -82,9 +82,12 @@ def rayflow(bs: str, topic: str, n: int, counts: dict[str, int], parallelism: in
         flow = build_flow(topic, out, bs, parallelism, name=f"wc-{time.time_ns()}",
                           client=client, split=split)
         t0 = time.time()
-        job = rf.run(flow, checkpoint={"processing_guarantee": guarantee,
-                                       "state_backend": backend, "state_dir": state_dir,
-                                       "interval_s": 0.5})
+        job = rf.run(flow, background=True,
+                     checkpoint={"processing_guarantee": guarantee,
+                                 "state_backend": backend, "state_dir": state_dir,
+                                 "interval_s": 0.5})
+        processes = len(job.actors())  # while it runs: its actors are gone after the end
+        job.wait()
         m = job.metrics()["sink"]
         recs = S.read_back(bs, out)
         fig = _check(S.figures(n, recs, S.wordcount_stamps, t0, m["delivered_time"]), recs,
@@ -94,7 +97,7 @@ def rayflow(bs: str, topic: str, n: int, counts: dict[str, int], parallelism: in
         fig.update(job_rec_s=round(job.throughput()), checkpoints=len(chks),
                    checkpoint_ms_median=round(1000 * chks[len(chks) // 2], 1) if chks else None,
                    checkpoint_handle_bytes=len(pickle.dumps(latest.handles)) if latest else 0,
-                   processes=len(job.actors()))
+                   processes=processes)
         return fig
     return run
 

@@ -91,6 +91,11 @@ FINAL_EPOCH = 2**62
 class SinkWriter:
     """One parallel instance of a sink."""
 
+    #: ``commit`` may run on the control thread while ``write`` and ``snapshot`` go on (one
+    #: commit at a time): a writer that sends a whole epoch at its commit sets it, so that the
+    #: next epoch's records and barrier do not wait for that.
+    commits_beside_writes: bool = False
+
     def write(self, items: Items, event_times: np.ndarray | None, in_time: float) -> None:
         raise NotImplementedError
 

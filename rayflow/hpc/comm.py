@@ -24,6 +24,14 @@ bit-identical values (CG relies on this to take identical branches everywhere). 
 follow mpi4py: numpy arrays and scalars combine with numpy's ufuncs, Python objects with
 Python's operators (exact integers, Fractions, Decimals).
 
+An array must have the same shape and dtype on every rank (MPI's matching counts and types).
+Since the allreduce algorithm depends on the array's size, ranks that break this rule may
+take different algorithms; the first message of each rank carries a small header (the
+algorithm, shape and dtype), the receiver checks it, and rank 0, which hears from every rank
+whatever it chose, tells the others. Every rank then raises ``ValueError`` at once instead of
+waiting for messages that never come. Messages of such a failed collective may be left
+unread: do not go on using the group, as after an error in MPI.
+
 Arrays received may be read-only views of Ray's object store: copy before mutating.
 No Ray is imported by this module. It is long because it is one contract: every collective
 is written over the same transport and matching rules, and a backend conformance test
@@ -247,12 +255,59 @@ class _Fold:
 
 
 class _Failed:
-    """Sent in place of a result when the rank that computed it raised: every rank re-raises."""
+    """Sent in place of a result when the rank that computed it raised: every rank re-raises.
 
-    __slots__ = ("error",)
+    ``notify``: the ranks the receiver must pass the error on to (under the collective's
+    first key), because they wait for a message from it that it will not otherwise send.
+    """
 
-    def __init__(self, error: BaseException):
+    __slots__ = ("error", "notify")
+
+    def __init__(self, error: BaseException, notify: Sequence[int] = ()):
         self.error = error
+        self.notify = tuple(notify)
+
+
+# The algorithms of an allreduce above 2 ranks. The choice depends on the array's size,
+# which may differ between ranks by mistake, so every first message carries a header
+# ``(algorithm, shape, dtype)`` (shape ``None`` and the type's description in place of the
+# dtype for Python objects) that the receiver checks before using the data.
+_A2A, _RS, _ROOT = "all-to-all", "reduce-scatter", "reduce-at-root"
+
+
+def _header(algorithm: str, obj: Any) -> tuple:
+    if isinstance(obj, np.ndarray):
+        return (algorithm, obj.shape, obj.dtype)
+    return (algorithm, None, _describe(obj))
+
+
+def _header_text(hdr: tuple) -> str:
+    text = hdr[2] if hdr[1] is None else f"an array of {hdr[2]} {hdr[1]}"
+    return text + (f" split as {list(hdr[3])}" if len(hdr) > 3 else "")
+
+
+def _mismatch_error(what: str, headers: dict[int, tuple]) -> ValueError:
+    parts = ", ".join(f"rank {r}: {_header_text(h)}" for r, h in sorted(headers.items()))
+    return ValueError(f"{what}: every rank must pass an array of the same shape and dtype; "
+                      f"got {parts}")
+
+
+class _Mismatch(Exception):
+    """A first message whose header differs from the receiver's (internal)."""
+
+    def __init__(self, src: int, header: tuple):
+        super().__init__(src, header)
+        self.src, self.header = src, header
+
+
+def _opened(msg: Any, src: int, mine: tuple) -> Any:
+    """The data of a first message from ``src``, once its header matches ``mine``."""
+    if isinstance(msg, _Failed):
+        raise msg.error
+    hdr, data = msg
+    if hdr != mine:
+        raise _Mismatch(src, hdr)
+    return data
 
 
 class Communicator:
@@ -488,45 +543,9 @@ class Communicator:
                 return got
             np.copyto(out, got)
             return out
-        # Both algorithms below send their first messages under the same key, so ranks that
-        # took different ones (only possible when their arrays differ) meet a shape mismatch
-        # and raise instead of waiting for messages that never come.
         key = self._ckey("allreduce")
-        if (
-            isinstance(obj, np.ndarray)
-            and _LARGE_ALLREDUCE_BYTES < obj.nbytes <= _DIRECT_LARGE_ALLREDUCE_MAX_BYTES
-            and 2 < self.size <= _DIRECT_LARGE_ALLREDUCE_MAX_RANKS
-        ):
-            # every rank sends its array once (one segment for its node's peers) and folds
-            # all of them in rank order: one hop
-            self._t.send_many([self._members[r] for r in range(self.size) if r != self.rank],
-                              key, obj)
-            into = None if out is None or np.may_share_memory(out, obj) else out
-            fold = _Fold(op, obj, self.rank, into, "allreduce", self.size)
-            for r in range(self.size):
-                if r == self.rank:
-                    fold.add(obj, r)
-                else:
-                    self._recv_apply(r, key, functools.partial(fold.add, rank=r))
-            got = fold.result()
-            if out is not None and got is not out:
-                np.copyto(out, got)
-                return out
-            return got
-        if (
-            isinstance(obj, np.ndarray)
-            and obj.nbytes > _LARGE_ALLREDUCE_BYTES
-            and self.size > 2
-            and obj.ndim >= 1
-            and obj.shape[0] >= self.size
-        ):
-            counts = split_sizes(obj.shape[0], self.size)
-            if out is None:
-                out = np.empty_like(obj)
-            piece = self._reduce_scatter(obj, op, counts, key,
-                                         None if np.may_share_memory(out, obj) else out)
-            return self._allgather_into(piece, counts, out)
         if self.size <= _DIRECT_ALLREDUCE_MAX_RANKS:
+            # both ranks send their whole value to each other: each sees the other's shape
             others = [r for r in range(self.size) if r != self.rank]
             if not others:
                 return reduce_values([obj], op, "allreduce") if out is None else \
@@ -539,22 +558,108 @@ class Communicator:
             vals = [obj if r == self.rank else self._recv_from(r, key) for r in range(self.size)]
             got = reduce_values(vals, op, "allreduce")
             return got if out is None else _fill(out, got)
+        large = isinstance(obj, np.ndarray) and obj.nbytes > _LARGE_ALLREDUCE_BYTES
+        if large and obj.nbytes <= _DIRECT_LARGE_ALLREDUCE_MAX_BYTES \
+                and self.size <= _DIRECT_LARGE_ALLREDUCE_MAX_RANKS:
+            algorithm = _A2A
+        elif large and obj.ndim >= 1 and obj.shape[0] >= self.size:
+            algorithm = _RS
+        else:
+            algorithm = _ROOT
+        hdr = _header(algorithm, obj)
+        if algorithm == _A2A:
+            # every rank sends its array once (one segment for its node's peers) and folds
+            # all of them in rank order: one hop
+            self._t.send_many([self._members[r] for r in range(self.size) if r != self.rank],
+                              key, (hdr, obj))
+            into = None if out is None or np.may_share_memory(out, obj) else out
+            fold = _Fold(op, obj, self.rank, into, "allreduce", self.size)
+            try:
+                for r in range(self.size):
+                    if r == self.rank:
+                        fold.add(obj, r)
+                    else:
+                        self._recv_apply(r, key, functools.partial(self._fold_in, fold, r, hdr))
+            except _Mismatch as m:
+                raise self._disagreement(key, hdr, m, "allreduce") from None
+            got = fold.result()
+            if out is not None and got is not out:
+                np.copyto(out, got)
+                return out
+            return got
+        if algorithm == _RS:
+            counts = split_sizes(obj.shape[0], self.size)
+            if out is None:
+                out = np.empty_like(obj)
+            piece = self._reduce_scatter(obj, op, counts, key,
+                                         None if np.may_share_memory(out, obj) else out,
+                                         hdr, "allreduce")
+            return self._allgather_into(piece, counts, out)
         # Reduce at rank 0, then broadcast: 2(p-1) messages in two hops instead of p(p-1) in
         # one; on few cores the message count, not the hop count, sets the time.
         if self.rank != 0:
-            self._send_to(0, key, obj)
+            self._send_to(0, key, (hdr, obj))
             result = self.bcast(None, 0)
-        else:
-            vals = [obj] + [self._recv_from(r, key) for r in range(1, self.size)]
-            try:
-                result = reduce_values(vals, op, "allreduce")
-            except Exception as err:  # noqa: BLE001 - every rank raises it, not rank 0 alone
-                self.bcast(_Failed(err), 0)
-                raise
-            self.bcast(result, 0)
-        if isinstance(result, _Failed):
-            raise result.error
+            if isinstance(result, _Failed):
+                # ranks that took another algorithm wait for a message from this one
+                for r in result.notify:
+                    if r != self.rank:
+                        self._send_to(r, key, _Failed(result.error))
+                raise result.error
+            return result if out is None else _fill(out, result)
+        msgs = [(hdr, obj)] + [self._recv_from(r, key) for r in range(1, self.size)]
+        headers = {r: h for r, (h, _) in enumerate(msgs)}
+        if any(h[0] != _ROOT for h in headers.values()):
+            raise self._stop_every_rank(key, headers)
+        try:
+            result = reduce_values([v for _, v in msgs], op, "allreduce")
+        except Exception as err:  # noqa: BLE001 - every rank raises it, not rank 0 alone
+            self.bcast(_Failed(err), 0)
+            raise
+        self.bcast(result, 0)
         return result if out is None else _fill(out, result)
+
+    @staticmethod
+    def _fold_in(fold: _Fold, src: int, mine: tuple, msg: Any) -> None:
+        fold.add(_opened(msg, src, mine), src)
+
+    def _disagreement(self, key: tuple, mine: tuple, m: _Mismatch, what: str) -> ValueError:
+        """The error for a first message from ``m.src`` whose header differs from ``mine``.
+
+        The first messages come in rank order, so the ranks before ``m.src`` agreed with this
+        one. Rank 0 receives a first message from every rank whatever algorithm each chose,
+        so it reads the rest and makes sure every rank stops (:meth:`_stop_every_rank`).
+        """
+        headers = {r: mine for r in range(m.src) if r != self.rank}
+        headers[self.rank], headers[m.src] = mine, m.header
+        if self.rank != 0:
+            return _mismatch_error(what, headers)
+        for r in range(m.src + 1, self.size):
+            got = self._recv_from(r, key)
+            headers[r] = got[0] if isinstance(got, tuple) else mine
+        return self._stop_every_rank(key, headers, what)
+
+    def _stop_every_rank(self, key: tuple, headers: dict[int, tuple],
+                         what: str = "allreduce") -> ValueError:
+        """On rank 0, once the ranks disagree: tell every rank that waits, return the error.
+
+        A rank that reduces at the root waits for the broadcast of the result: it gets the
+        error instead. A rank of an all-to-all algorithm waits for a first message from every
+        rank, rank 0 first: rank 0 sends it the error if it sent it no data, and otherwise
+        asks the reduce-at-root ranks (which send it nothing) to pass the error on.
+        """
+        err = _mismatch_error(what, headers)
+        sent_data = headers[0][0] != _ROOT
+        waiting = [r for r, h in headers.items() if r and h[0] != _ROOT]
+        bcast_key = ("c", self._ctx, key[2] + 1, "bcast")  # the key their bcast waits on
+        for r, h in sorted(headers.items()):
+            if r == 0:
+                continue
+            if h[0] == _ROOT:
+                self._send_to(r, bcast_key, _Failed(err, waiting if sent_data else ()))
+            elif not sent_data:
+                self._send_to(r, key, _Failed(err))
+        return err
 
     def _recv_apply(self, src: int, key: tuple, fn: Callable[[Any], Any]) -> Any:
         """``fn`` of the message from ``src``; without copying it where the transport can."""
@@ -594,27 +699,37 @@ class Communicator:
             raise ValueError(f"counts {counts} do not split {array.shape[0]} rows over {self.size}")
         if self._native is not None:
             return self._native.reduce_scatter(array, op, counts)
-        return self._reduce_scatter(array, op, counts, self._ckey("reduce_scatter"))
+        hdr = ("reduce_scatter", array.shape, array.dtype, tuple(counts))
+        return self._reduce_scatter(array, op, counts, self._ckey("reduce_scatter"),
+                                    None, hdr, "reduce_scatter")
 
     def _reduce_scatter(self, array: np.ndarray, op: str, counts: Sequence[int], key: tuple,
-                        out: np.ndarray | None = None):
+                        out: np.ndarray | None, hdr: tuple, what: str):
         """This rank's piece of the reduction, folded in rank order as it arrives (into
-        ``out``'s piece when given, which must not overlap ``array``)."""
+        ``out``'s piece when given, which must not overlap ``array``).
+
+        Each piece travels with ``hdr``, which describes the whole array (pieces alone may
+        match when the arrays do not) and is checked on arrival.
+        """
         bounds = np.cumsum([0, *counts])
         for r in range(self.size):
             if r != self.rank:
-                self._send_to(r, key, array[bounds[r] : bounds[r + 1]])
+                self._send_to(r, key, (hdr, array[bounds[r] : bounds[r + 1]]))
         mine = array[bounds[self.rank] : bounds[self.rank + 1]]
-        if mine.ndim == 0 or not mine.size:
-            vals = [mine if r == self.rank else self._recv_from(r, key) for r in range(self.size)]
-            return reduce_values(vals, op, "reduce_scatter")
-        dst = None if out is None else out[bounds[self.rank] : bounds[self.rank + 1]]
-        fold = _Fold(op, mine, self.rank, dst, "reduce_scatter", self.size)
-        for r in range(self.size):
-            if r == self.rank:
-                fold.add(mine, r)
-            else:
-                self._recv_apply(r, key, functools.partial(fold.add, rank=r))
+        try:
+            if mine.ndim == 0 or not mine.size:
+                vals = [mine if r == self.rank else _opened(self._recv_from(r, key), r, hdr)
+                        for r in range(self.size)]
+                return reduce_values(vals, op, what)
+            dst = None if out is None else out[bounds[self.rank] : bounds[self.rank + 1]]
+            fold = _Fold(op, mine, self.rank, dst, what, self.size)
+            for r in range(self.size):
+                if r == self.rank:
+                    fold.add(mine, r)
+                else:
+                    self._recv_apply(r, key, functools.partial(self._fold_in, fold, r, hdr))
+        except _Mismatch as m:
+            raise self._disagreement(key, hdr, m, what) from None
         return fold.result()
 
     # ---------------------------------------------------------------- topology

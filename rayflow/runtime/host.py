@@ -89,6 +89,7 @@ class StepTask:
         self._stop = threading.Event()
         self._done = threading.Event()
         self._lock = threading.Lock()  # sink writes (data) vs commits (control)
+        self._commit_lock = threading.Lock()  # one sink commit at a time
         self._error: BaseException | None = None
         self._inputs: list[tuple[str, int]] = []
         self._finished_inputs: set[tuple[str, int]] = set()
@@ -513,16 +514,22 @@ class StepTask:
         as with Flink's default no-claim restore. When the checkpoint holds this task's final
         state (``final``), a sink commits everything it holds, and then it is done."""
         if self.step.kind == "sink":
-            with self._lock:
-                if self._key() in final:
-                    self.writer.commit(FINAL_EPOCH)
-                    self.counters.delivered_time = time.time()
-                    if self._ended and not self._done.is_set():
-                        self.writer.close()
-                        self._done.set()
-                else:
+            with self._commit_lock:
+                if self._key() not in final and self.writer.commits_beside_writes:
+                    # beside the writes: the next epoch's records and barrier go on
                     self.writer.commit(checkpoint_id)
                     self.counters.delivered_time = time.time()
+                    return
+                with self._lock:
+                    if self._key() in final:
+                        self.writer.commit(FINAL_EPOCH)
+                        self.counters.delivered_time = time.time()
+                        if self._ended and not self._done.is_set():
+                            self.writer.close()
+                            self._done.set()
+                    else:
+                        self.writer.commit(checkpoint_id)
+                        self.counters.delivered_time = time.time()
         elif self.step.kind == "operator":
             with self._lock:
                 old = [h for c, h in self._snapshots if c < checkpoint_id]

@@ -29,7 +29,13 @@ class _TransactionalWriter(_KafkaWriter):
       is visible once.
 
     No commits topic is needed (no topic-create rights, nothing to replicate).
+
+    A commit runs beside the writes and pre-commits of later epochs: an epoch leaves
+    ``pending`` only once its transaction committed, so a checkpoint taken meanwhile still
+    holds it, and a restore from there writes only what is not on the topic.
     """
+
+    commits_beside_writes = True
 
     def __init__(self, spec, ctx, producer, scanner, resume_state: Any):
         super().__init__(spec, ctx, producer)
@@ -67,7 +73,7 @@ class _TransactionalWriter(_KafkaWriter):
         return bool(self.pending or self.buffer)
 
     def commit(self, checkpoint_id):
-        ready = sorted(cid for cid in self.pending if cid <= checkpoint_id)
+        ready = sorted(cid for cid in list(self.pending) if cid <= checkpoint_id)
         if not ready:
             return
         # later epochs land after what is on the topic now (a restore reads from there)
