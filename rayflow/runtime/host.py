@@ -3,9 +3,10 @@ for what chains), each instance running a source, an operator or a sink.
 
 Methods run in two concurrency groups: ``data`` (one thread: the source loop, or ``push``
 calls in arrival order) and ``control`` (status, stop, checkpoint triggers, overtaking
-barriers and commits, results), so a host that is blocked by backpressure still answers the job. Actors reserve
-``stream.actor_num_cpus`` CPUs (default 0): a stream's steps mostly wait on each other and on
-I/O, and with 1 CPU each a graph larger than the core count would never be scheduled.
+barriers and commits, results), so a host that is blocked by backpressure still answers the
+job. Actors reserve ``stream.actor_num_cpus`` CPUs (default 0): a stream's steps mostly wait
+on each other and on I/O, and with 1 CPU each a graph larger than the core count would never
+be scheduled.
 
 Checkpoints: a source injects ``Barrier(n)`` between batches when the coordinator asks; an
 instance with several inputs *aligns*: after barrier n arrived on one input, that input's
@@ -166,7 +167,8 @@ class StepTask:
                 t0 = time.perf_counter()
                 ch0 = emitter.chained_s
                 if self.unaligned:  # a barrier need not wait behind a batch held back
-                    emitter.wait_for_room(lambda: self._trigger is not None)
+                    emitter.wait_for_room(
+                        lambda: self._trigger is not None or self._stop.is_set())
                 wait = linger_s if not pending else max(0.0, first + linger_s - time.perf_counter())
                 got = reader.poll(batch_size - pending, wait)
                 if got is not None:
