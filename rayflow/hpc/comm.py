@@ -575,11 +575,7 @@ class Communicator:
             into = None if out is None or np.may_share_memory(out, obj) else out
             fold = _Fold(op, obj, self.rank, into, "allreduce", self.size)
             try:
-                for r in range(self.size):
-                    if r == self.rank:
-                        fold.add(obj, r)
-                    else:
-                        self._recv_apply(r, key, functools.partial(self._fold_in, fold, r, hdr))
+                self._fold_ranks(fold, obj, key, hdr)
             except _Mismatch as m:
                 raise self._disagreement(key, hdr, m, "allreduce") from None
             got = fold.result()
@@ -622,6 +618,15 @@ class Communicator:
     @staticmethod
     def _fold_in(fold: _Fold, src: int, mine: tuple, msg: Any) -> None:
         fold.add(_opened(msg, src, mine), src)
+
+    def _fold_ranks(self, fold: _Fold, mine: np.ndarray, key: tuple, hdr: tuple) -> None:
+        """Fold this rank's ``mine`` and every other rank's first message (checked against
+        ``hdr``) into ``fold``, in rank order."""
+        for r in range(self.size):
+            if r == self.rank:
+                fold.add(mine, r)
+            else:
+                self._recv_apply(r, key, functools.partial(self._fold_in, fold, r, hdr))
 
     def _disagreement(self, key: tuple, mine: tuple, m: _Mismatch, what: str) -> ValueError:
         """The error for a first message from ``m.src`` whose header differs from ``mine``.
@@ -723,11 +728,7 @@ class Communicator:
                 return reduce_values(vals, op, what)
             dst = None if out is None else out[bounds[self.rank] : bounds[self.rank + 1]]
             fold = _Fold(op, mine, self.rank, dst, what, self.size)
-            for r in range(self.size):
-                if r == self.rank:
-                    fold.add(mine, r)
-                else:
-                    self._recv_apply(r, key, functools.partial(self._fold_in, fold, r, hdr))
+            self._fold_ranks(fold, mine, key, hdr)
         except _Mismatch as m:
             raise self._disagreement(key, hdr, m, what) from None
         return fold.result()

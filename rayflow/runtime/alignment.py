@@ -5,6 +5,20 @@ input that has not ended. An input whose barrier came first is *blocked*: what i
 belongs after the checkpoint, so the task holds it until the others catch up (Flink's aligned
 checkpoints).
 
+Unaligned checkpoints use the same machine. A sender passes each barrier twice: out of band
+(``block=False``: it overtakes the batches queued in front of the task, which the checkpoint
+stores, see :mod:`rayflow.runtime.inflight`) and in its channel, in order. The first copy to
+arrive counts; only an in-channel copy that arrives before the snapshot blocks its input,
+which happens only when the out-of-band barrier of another input is late:
+
+    >>> o = BarrierAligner([("up", 0), ("up", 1)])
+    >>> o.on_barrier(Barrier(1), ("up", 0), block=False), o.is_blocked(("up", 0))
+    ([], False)
+    >>> o.on_barrier(Barrier(1), ("up", 1), block=False)
+    [Aligned(barrier=Barrier(checkpoint_id=1, stop_after=False))]
+    >>> o.on_barrier(Barrier(1), ("up", 0)), o.is_blocked(("up", 0))  # the late copy
+    ([], False)
+
 Barriers of one checkpoint need not all arrive. A checkpoint aborted while in flight (a
 timeout, or a failover region restarting) may reach some sources and not others, and the
 next one follows. As in Flink, a newer barrier abandons the alignment in progress, and an
@@ -57,7 +71,8 @@ class BarrierAligner:
     def __init__(self, inputs: Iterable[Sender]):
         self.inputs = set(inputs)
         self.ended: set[Sender] = set()
-        self.blocked: set[Sender] = set()
+        self.arrived: set[Sender] = set()  # barrier of the checkpoint aligning came from
+        self.blocked: set[Sender] = set()  # ... and their later messages are held
         self.aligning: Barrier | None = None
         self.newest = 0  # the newest checkpoint id aligned or abandoned here
 
@@ -65,7 +80,9 @@ class BarrierAligner:
         """Whether what ``sender`` sends now must be held until the alignment ends."""
         return sender in self.blocked
 
-    def on_barrier(self, barrier: Barrier, sender: Sender) -> list:
+    def on_barrier(self, barrier: Barrier, sender: Sender, block: bool = True) -> list:
+        """``barrier`` came from ``sender``: in its channel, after everything it sent before
+        it (``block``: hold what follows until the snapshot), or out of band."""
         cid = barrier.checkpoint_id
         current = self.aligning.checkpoint_id if self.aligning is not None else None
         if cid <= self.newest or (current is not None and cid < current):
@@ -74,11 +91,14 @@ class BarrierAligner:
         if current is not None and cid > current:
             acts.append(Abandoned(current))
             self.newest = current
+            self.arrived.clear()
             self.blocked.clear()
             self.aligning = None
         if self.aligning is None:
             self.aligning = barrier
-        self.blocked.add(sender)
+        self.arrived.add(sender)
+        if block:
+            self.blocked.add(sender)
         return acts + self._check()
 
     def on_end(self, sender: Sender) -> list:
@@ -88,73 +108,12 @@ class BarrierAligner:
         return self._check()
 
     def _check(self) -> list:
-        if self.aligning is None or not (self.inputs - self.ended) <= self.blocked:
+        if self.aligning is None or not (self.inputs - self.ended) <= self.arrived:
             return []
         barrier, self.aligning = self.aligning, None
         self.newest = barrier.checkpoint_id
+        self.arrived.clear()
         self.blocked.clear()
         return [Aligned(barrier)]
 
 
-
-class OvertakingBarriers:
-    """When a task snapshots an *unaligned* checkpoint: once barrier ``n`` has arrived from
-    every input that has not ended. A sender passes each barrier twice: out of band, so that
-    it overtakes the batches queued in front of the task (the checkpoint stores those), and in
-    the channel, in order. The first to arrive counts. An input whose in-channel barrier was
-    reached before the snapshot is *blocked* until it (what it sends next belongs after the
-    checkpoint); that happens only when the out-of-band barrier of another input is late.
-    As with :class:`BarrierAligner`, a newer barrier abandons an older checkpoint, and a stale
-    one is ignored.
-
-        >>> o = OvertakingBarriers([("up", 0), ("up", 1)])
-        >>> o.on_barrier(1, ("up", 0)), o.on_barrier(1, ("up", 1))
-        ([], [Aligned(barrier=Barrier(checkpoint_id=1, stop_after=False))])
-        >>> o.on_barrier(1, ("up", 0), in_band=True), o.is_blocked(("up", 0))  # late copy
-        ([], False)
-        >>> o.on_barrier(2, ("up", 0), in_band=True), o.is_blocked(("up", 0))
-        ([], True)
-        >>> o.on_barrier(3, ("up", 1))   # 2 was aborted
-        [Abandoned(checkpoint_id=2)]
-        >>> o.is_blocked(("up", 0)), o.on_end(("up", 0))
-        (False, [Aligned(barrier=Barrier(checkpoint_id=3, stop_after=False))])
-    """
-
-    def __init__(self, inputs: Iterable[Sender]):
-        self.inputs = set(inputs)
-        self.ended: set[Sender] = set()
-        self.arrived: set[Sender] = set()
-        self.blocked: set[Sender] = set()
-        self.current = 0  # the checkpoint whose barriers are arriving
-        self.newest = 0  # the newest checkpoint snapshotted here
-
-    def is_blocked(self, sender: Sender) -> bool:
-        return sender in self.blocked
-
-    def on_barrier(self, checkpoint_id: int, sender: Sender, in_band: bool = False) -> list:
-        """Barrier ``checkpoint_id`` came from ``sender``, out of band or (``in_band``) in its
-        channel, after everything it sent before the barrier."""
-        if checkpoint_id <= self.newest or checkpoint_id < self.current:
-            return []  # stale, or the copy of a barrier this task has snapshotted
-        acts: list = []
-        if checkpoint_id > self.current:
-            if self.current > self.newest:
-                acts.append(Abandoned(self.current))
-            self.current, self.arrived, self.blocked = checkpoint_id, set(), set()
-        self.arrived.add(sender)
-        if in_band:
-            self.blocked.add(sender)
-        return acts + self._check()
-
-    def on_end(self, sender: Sender) -> list:
-        """``sender`` ended its stream (its end was handled): no barrier is awaited from it."""
-        self.ended.add(sender)
-        self.blocked.discard(sender)
-        return self._check()
-
-    def _check(self) -> list:
-        if self.current <= self.newest or not (self.inputs - self.ended) <= self.arrived:
-            return []
-        self.newest = self.current
-        self.blocked.clear()
-        return [Aligned(Barrier(self.current))]

@@ -54,7 +54,7 @@ from rayflow.operators.watermarks import (
     SplitWatermarks,
     split_position,
 )
-from rayflow.runtime.alignment import Aligned, BarrierAligner, OvertakingBarriers
+from rayflow.runtime.alignment import Aligned, BarrierAligner
 from rayflow.runtime.channel import BatchSizer, Emitter, unwrap
 from rayflow.runtime.inflight import UnalignedHandle
 from rayflow.runtime.plan import OutEdge
@@ -75,7 +75,6 @@ class StepTask:
         self.step, self.ctx = step, ctx
         # unaligned checkpoints: barriers overtake the queued batches (rayflow.runtime.inflight)
         self.unaligned = unaligned
-        self._overtaking = OvertakingBarriers(())
         self._replay = list(replay or ())  # (sender, batch) in flight at the restored checkpoint
         self.opts = options.model_copy(update={
             k: v for k, v in step.options.items() if k in StreamOptions.model_fields
@@ -135,7 +134,6 @@ class StepTask:
                                self.unaligned)
         self._inputs = list(inputs)
         self._align = BarrierAligner(self._inputs)
-        self._overtaking = OvertakingBarriers(self._inputs)
         self._valve = InputWatermarks(self._inputs)
         return True
 
@@ -308,7 +306,7 @@ class StepTask:
                 return None
             while True:
                 self._next_seq[sender] = seq + 1
-                if self._blocked(sender):
+                if self._align.is_blocked(sender):
                     self._held.append((msg, sender))
                 else:
                     self._handle(msg, sender)
@@ -333,10 +331,7 @@ class StepTask:
         if isinstance(msg, Batch):
             self._on_batch(msg, sender)
         elif isinstance(msg, Barrier):
-            if self.unaligned and not msg.stop_after:  # the in-channel copy
-                self._aligned(self._overtaking.on_barrier(msg.checkpoint_id, sender, True))
-            else:
-                self._on_barrier(msg, sender)
+            self._aligned(self._align.on_barrier(msg, sender))
         elif isinstance(msg, Watermark):
             self._forward_watermark(self._valve.update(sender, msg))
         elif isinstance(msg, Tick):
@@ -349,8 +344,6 @@ class StepTask:
                 # nothing may fire: the open windows are in the savepoint)
                 self._forward_watermark(self._valve.finish(sender))
             self._aligned(self._align.on_end(sender))
-            if self.unaligned:
-                self._aligned(self._overtaking.on_end(sender))
             if len(self._finished_inputs) >= len(self._inputs):
                 self._on_eos()
 
@@ -420,13 +413,6 @@ class StepTask:
             self.emitter.emit_control(tick)
 
     # -- checkpoints ---------------------------------------------------------------------
-    def _blocked(self, sender: tuple[str, int]) -> bool:
-        """Whether what ``sender`` sends now waits for a checkpoint's snapshot."""
-        return self._align.is_blocked(sender) or self._overtaking.is_blocked(sender)
-
-    def _on_barrier(self, barrier: Barrier, sender: tuple[str, int]) -> None:
-        self._aligned(self._align.on_barrier(barrier, sender))
-
     def _aligned(self, actions: list) -> None:
         """Carry out the aligner's decisions: snapshot an aligned checkpoint, and release
         the inputs it held, replaying what they sent meanwhile, in order."""
@@ -435,7 +421,7 @@ class StepTask:
                 self._snapshot(act.barrier)
             held, self._held = self._held, deque()
             for msg, sender in held:
-                if self._blocked(sender):  # blocked again by a newer barrier
+                if self._align.is_blocked(sender):  # blocked again by a newer barrier
                     self._held.append((msg, sender))
                 else:
                     self._handle(msg, sender)
@@ -470,7 +456,7 @@ class StepTask:
         if self._error is not None or self._ended:
             return
         try:
-            self._aligned(self._overtaking.on_barrier(checkpoint_id, sender))
+            self._aligned(self._align.on_barrier(Barrier(checkpoint_id), sender, block=False))
         except BaseException as exc:
             self._fail(exc)
             raise self._error from None

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import functools
 import operator
-import pickle
-import threading
 from concurrent.futures import ThreadPoolExecutor
 from decimal import Decimal
 from fractions import Fraction
@@ -14,43 +12,13 @@ import numpy as np
 import pytest
 
 from rayflow.hpc.comm import PROC_NULL, Communicator, LocalTransport
-
-
-class _Hub:
-    def __init__(self, size):
-        self.size = size
-        self.cond = threading.Condition()
-        self.box = {}
-
-
-class _ThreadTransport:
-    backend = "threads"
-
-    def __init__(self, hub, rank):
-        self.hub, self.rank, self.size = hub, rank, hub.size
-
-    def send(self, dest, key, obj):
-        with self.hub.cond:
-            assert (dest, self.rank, key) not in self.hub.box, "duplicate message key"
-            # snapshot, as a real transport serialises at send time
-            self.hub.box[(dest, self.rank, key)] = pickle.loads(pickle.dumps(obj))
-            self.hub.cond.notify_all()
-
-    def send_many(self, dests, key, obj):
-        for d in dests:
-            self.send(d, key, obj)
-
-    def recv(self, src, key):
-        with self.hub.cond:
-            ok = self.hub.cond.wait_for(lambda: (self.rank, src, key) in self.hub.box, timeout=10)
-            assert ok, f"rank {self.rank} timed out waiting for {src} {key}"
-            return self.hub.box.pop((self.rank, src, key))
+from tests.hpc._threads import Hub, ThreadTransport
 
 
 def run_ranks(size, fn):
-    hub = _Hub(size)
+    hub = Hub(size)
     with ThreadPoolExecutor(size) as ex:
-        futs = [ex.submit(fn, Communicator(_ThreadTransport(hub, r))) for r in range(size)]
+        futs = [ex.submit(fn, Communicator(ThreadTransport(hub, r))) for r in range(size)]
         out = [f.result() for f in futs]
     assert not hub.box, f"undelivered messages: {list(hub.box)}"
     return out

@@ -9,8 +9,6 @@ time out after a few seconds, so a hang shows up as a ``TimeoutError`` and fails
 from __future__ import annotations
 
 import functools
-import pickle
-import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -18,43 +16,11 @@ import pytest
 
 from rayflow.hpc import comm as comm_mod
 from rayflow.hpc.comm import Communicator
+from tests.hpc._threads import Hub, ThreadTransport
 
 _TIMEOUT_S = 5.0
 _KIB = 1024
 _PREFIX = "allreduce: every rank must pass an array of the same shape and dtype; got "
-
-
-class _Hub:
-    def __init__(self, size):
-        self.size = size
-        self.cond = threading.Condition()
-        self.box = {}
-
-
-class _ThreadTransport:
-    """Ranks as threads; a receive that waits past the timeout raises ``TimeoutError``."""
-
-    backend = "threads"
-
-    def __init__(self, hub, rank):
-        self.hub, self.rank, self.size = hub, rank, hub.size
-
-    def send(self, dest, key, obj):
-        with self.hub.cond:
-            assert (dest, self.rank, key) not in self.hub.box, "duplicate message key"
-            self.hub.box[(dest, self.rank, key)] = pickle.loads(pickle.dumps(obj))
-            self.hub.cond.notify_all()
-
-    def send_many(self, dests, key, obj):
-        for d in dests:
-            self.send(d, key, obj)
-
-    def recv(self, src, key):
-        with self.hub.cond:
-            if not self.hub.cond.wait_for(lambda: (self.rank, src, key) in self.hub.box,
-                                          timeout=_TIMEOUT_S):
-                raise TimeoutError(f"rank {self.rank} waited for rank {src} {key}")
-            return self.hub.box.pop((self.rank, src, key))
 
 
 def _outcome(fn, comm):
@@ -66,9 +32,9 @@ def _outcome(fn, comm):
 
 def run_ranks(size, fn):
     """``fn(comm)`` on every rank: its result, or the exception it raised."""
-    hub = _Hub(size)
+    hub = Hub(size)
     with ThreadPoolExecutor(size) as ex:
-        futs = [ex.submit(_outcome, fn, Communicator(_ThreadTransport(hub, r)))
+        futs = [ex.submit(_outcome, fn, Communicator(ThreadTransport(hub, r, _TIMEOUT_S)))
                 for r in range(size)]
         return [f.result() for f in futs]
 

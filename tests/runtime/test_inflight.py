@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from rayflow.batches import Barrier, Batch
-from rayflow.runtime.alignment import Abandoned, Aligned, OvertakingBarriers
+from rayflow.runtime.alignment import Abandoned, Aligned, BarrierAligner
 from rayflow.runtime.inflight import UnalignedHandle, replay, state_of
 
 
@@ -58,20 +58,23 @@ def test_rescaled_receivers_get_the_batches_where_their_edge_sends_them_now():
 
 
 def test_a_late_out_of_band_barrier_blocks_the_input_whose_channel_reached_it():
-    o = OvertakingBarriers([("a", 0), ("b", 0)])
-    assert o.on_barrier(1, ("a", 0), in_band=True) == []  # a's queue drained to the barrier
+    o = BarrierAligner([("a", 0), ("b", 0)])
+    assert o.on_barrier(Barrier(1), ("a", 0)) == []  # a's queue drained to the barrier
     assert o.is_blocked(("a", 0)) and not o.is_blocked(("b", 0))
-    assert o.on_barrier(1, ("b", 0)) == [Aligned(Barrier(1))]  # b's, out of band
+    # b's, out of band
+    assert o.on_barrier(Barrier(1), ("b", 0), block=False) == [Aligned(Barrier(1))]
     assert not o.is_blocked(("a", 0))
-    assert o.on_barrier(1, ("b", 0), in_band=True) == []  # b's copy, later: nothing to do
+    assert o.on_barrier(Barrier(1), ("b", 0)) == []  # b's copy, later: nothing to do
     assert not o.is_blocked(("b", 0))
 
 
 def test_an_ended_input_is_not_waited_for_and_a_newer_barrier_abandons_the_older():
-    o = OvertakingBarriers([("a", 0), ("b", 0)])
-    assert o.on_barrier(1, ("a", 0), in_band=True) == []
-    assert o.on_barrier(2, ("b", 0)) == [Abandoned(1)]  # 1 aborted upstream of b
+    o = BarrierAligner([("a", 0), ("b", 0)])
+    assert o.on_barrier(Barrier(1), ("a", 0)) == []
+    # 1 was aborted upstream of b
+    assert o.on_barrier(Barrier(2), ("b", 0), block=False) == [Abandoned(1)]
     assert not o.is_blocked(("a", 0))
     assert o.on_end(("a", 0)) == [Aligned(Barrier(2))]
-    assert o.on_barrier(3, ("b", 0)) == [Aligned(Barrier(3))]  # a ended: b alone
-    assert o.on_barrier(2, ("b", 0)) == []  # stale
+    # a ended: b alone
+    assert o.on_barrier(Barrier(3), ("b", 0), block=False) == [Aligned(Barrier(3))]
+    assert o.on_barrier(Barrier(2), ("b", 0), block=False) == []  # stale

@@ -78,26 +78,36 @@ def test_late_records_go_to_the_late_output_counted(ray_session):
     assert job.metrics()["win"]["side_records"] == 2
 
 
+def _kafka_words(bs, prefix, partitions):
+    """A new topic holding 3,000 words of 17 kinds over ``partitions``: (topic, words)."""
+    from rayflow.connectors.kafka import create_topic, produce
+
+    topic = f"{prefix}-in-{time.time_ns()}"
+    create_topic(bs, topic, partitions)
+    words = [f"k{(i * 5) % 17}" for i in range(3000)]
+    produce(bs, topic, [w.encode() for w in words], partitions=partitions)
+    return topic, words
+
+
+def _slow_decode(w):
+    time.sleep(0.001)  # a slow step: the job backpressures
+    return w.decode()
+
+
 def test_rescale_running_job_moves_keyed_state_and_partitions(ray_session, kafka_broker):
     """Parallelism changes on a running job; exactly-once output still matches Python."""
     import json
 
-    from rayflow.connectors.kafka import create_topic, produce, read_values
+    from rayflow.connectors.kafka import create_topic, read_values
 
     bs = kafka_broker.bootstrap
-    t_in, t_out = f"rs-in-{time.time_ns()}", f"rs-out-{time.time_ns()}"
-    create_topic(bs, t_in, 4)
+    t_in, words = _kafka_words(bs, "rs", 4)
+    t_out = f"rs-out-{time.time_ns()}"
     create_topic(bs, t_out, 1)
-    words = [f"k{(i * 5) % 17}" for i in range(3000)]
-    produce(bs, t_in, [w.encode() for w in words], partitions=4)
-
-    def slow(w):
-        time.sleep(0.001)
-        return w.decode()
 
     flow = rf.Dataflow("rescale")
     (flow.source("src", rf.KafkaSource(t_in, bootstrap=bs, bounded=True))
-         .map("decode", slow)
+         .map("decode", _slow_decode)
          .key_by(lambda w: w)
          .window("count", CountWindow(10), Count())
          .map("fmt", lambda r: json.dumps([r.key, int(r.start), r.value]).encode())
@@ -124,23 +134,17 @@ def test_resume_from_an_unaligned_checkpoint_at_other_parallelism(ray_session, k
     still matches Python."""
     import json
 
-    from rayflow.connectors.kafka import create_topic, produce, read_values
+    from rayflow.connectors.kafka import create_topic, read_values
     from rayflow.testing import wait_for
 
     bs = kafka_broker.bootstrap
-    t_in, t_out = f"ua-in-{time.time_ns()}", f"ua-out-{time.time_ns()}"
-    create_topic(bs, t_in, 2)
-    words = [f"k{(i * 5) % 17}" for i in range(3000)]
-    produce(bs, t_in, [w.encode() for w in words], partitions=2)
-
-    def slow(w):
-        time.sleep(0.001)
-        return w.decode()
+    t_in, words = _kafka_words(bs, "ua", 2)
+    t_out = f"ua-out-{time.time_ns()}"
 
     def flow(decode, count):
         f = rf.Dataflow("unaligned-rescale")
         (f.source("src", rf.KafkaSource(t_in, bootstrap=bs, bounded=True))
-          .map("decode", slow, parallelism=decode)
+          .map("decode", _slow_decode, parallelism=decode)
           .key_by(lambda w: w)
           .window("count", CountWindow(10), Count(), parallelism=count)
           .map("fmt", lambda r: json.dumps([r.key, int(r.start), r.value]).encode(),
