@@ -173,7 +173,8 @@ STEP_COUNTERS: dict[str, tuple[str, str]] = {
     "rayflow_bytes_out": ("bytes_out", "bytes a step instance sent to other actors"),
     "rayflow_dead_letters": ("dead_letters", "records a step instance could not process"),
     "rayflow_side_records": ("side_records", "records sent to side outputs (late records)"),
-    "rayflow_backpressure_seconds": ("backpressure_s", "time blocked on a full channel"),
+    "rayflow_backpressure_seconds": ("backpressure_s", "time blocked on a full channel "
+                                     "(an exactly-once sink: on its commits)"),
     "rayflow_busy_seconds": ("busy_s", "time spent on the step's own work"),
     "rayflow_checkpoints": ("checkpoints", "snapshots a step instance took"),
 }

@@ -190,10 +190,12 @@ def format_windows(results: list) -> list[bytes]:
 def build_flow(input_topic: str, output_topic: str, bootstrap: str, parallelism: int = 1,
                window: int = 10, name: str = "wordcount", bounded: bool = True,
                client: Literal["kafka-python", "confluent"] = "kafka-python",
-               split: bool = False) -> rf.Dataflow:
+               split: bool = False,
+               sink_client: Literal["kafka-python", "confluent"] | None = None) -> rf.Dataflow:
     """The word count. At parallelism 1 every step runs in one actor (one process, chained);
     ``split=True`` starts the window step in an actor of its own (a second process: parsing
-    and counting overlap, as Flink, which never chains across a key_by, runs it)."""
+    and counting overlap, as Flink, which never chains across a key_by, runs it).
+    ``sink_client`` is the sink's Kafka client when it differs from the source's."""
     flow = rf.Dataflow(name)
     (flow.source("source", rf.KafkaSource(input_topic, bootstrap=bootstrap, bounded=bounded,
                                           client=client))
@@ -203,7 +205,8 @@ def build_flow(input_topic: str, output_topic: str, bootstrap: str, parallelism:
          .window("count", CountWindow(window), WindowStats(), parallelism=parallelism,
                  start_new_chain=split)
          .map_batches("format", format_windows, parallelism=parallelism)
-         .sink("sink", rf.KafkaSink(output_topic, bootstrap=bootstrap, client=client),
+         .sink("sink", rf.KafkaSink(output_topic, bootstrap=bootstrap,
+                                    client=sink_client or client),
                parallelism=1))
     return flow
 

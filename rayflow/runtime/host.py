@@ -90,6 +90,7 @@ class StepTask:
         self._done = threading.Event()
         self._lock = threading.Lock()  # sink writes (data) vs commits (control)
         self._commit_lock = threading.Lock()  # one sink commit at a time
+        self._completed = 0  # the newest checkpoint known complete (sinks)
         self._error: BaseException | None = None
         self._inputs: list[tuple[str, int]] = []
         self._finished_inputs: set[tuple[str, int]] = set()
@@ -502,10 +503,12 @@ class StepTask:
         as with Flink's default no-claim restore. When the checkpoint holds this task's final
         state (``final``), a sink commits everything it holds, and then it is done."""
         if self.step.kind == "sink":
+            # notifications that queued behind a slow commit are folded into one transaction
+            self._completed = max(self._completed, checkpoint_id)
             with self._commit_lock:
                 if self._key() not in final and self.writer.commits_beside_writes:
                     # beside the writes: the next epoch's records and barrier go on
-                    self.writer.commit(checkpoint_id)
+                    self.writer.commit(self._completed)
                     self.counters.delivered_time = time.time()
                     return
                 with self._lock:
@@ -577,6 +580,8 @@ class StepTask:
         self._done.set()
 
     def _sync_emitter(self) -> None:
+        if self.step.kind == "sink":  # a sink waits for its commits instead (exactly-once)
+            self.counters.backpressure_s = getattr(self.writer, "waited_s", 0.0)
         if self.emitter is not None:
             self.counters.backpressure_s = self.emitter.backpressure_s
             self.counters.batches_out = self.emitter.batches_out

@@ -41,6 +41,11 @@ class KafkaSink(SinkSpec):
         options: extra producer options (security, linger, compression), passed through;
             the connection and security ones (``security_*``, ``sasl_*``, ``ssl_*``...) also
             reach the consumer an exactly-once sink reads its topic back with.
+        max_uncommitted_bytes: exactly-once: the records an instance may hold for commits
+            that are not done (the checkpoints' epochs wait for their checkpoint to complete,
+            then for their transaction). Past it, writes wait while a commit runs, so a
+            broker or client slower than the pipeline backpressures it instead of growing
+            memory. Default 64 MiB.
         transactional_id_prefix: exactly-once: transactional ids are
             ``{prefix}-{step_id}-{instance}`` (default prefix ``rayflow-{job name}``). Give
             two deployments of the same flow different prefixes, or they fence each other.
@@ -55,6 +60,12 @@ class KafkaSink(SinkSpec):
     client: Client = "kafka-python"
     options: dict = field(default_factory=dict)
     transactional_id_prefix: str | None = None
+    max_uncommitted_bytes: int = 64 << 20
+
+    def __post_init__(self) -> None:
+        if self.max_uncommitted_bytes <= 0:
+            raise ValueError(f"KafkaSink({self.topic!r}): max_uncommitted_bytes must be > 0, "
+                             f"got {self.max_uncommitted_bytes}")
 
     def build(self, ctx: StepContext, resume_state: Any = None) -> SinkWriter:
         bootstrap = self.bootstrap or default_bootstrap()

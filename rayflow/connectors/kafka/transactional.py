@@ -4,6 +4,10 @@ checkpoint, each named by a header, so that a restore writes only what is not on
 from __future__ import annotations
 
 import hashlib
+import pickle
+import threading
+import time
+from dataclasses import dataclass, field
 from typing import Any
 
 from rayflow.connectors.kafka.writer import _KafkaWriter
@@ -11,6 +15,21 @@ from rayflow.operators.base import Rescaled
 
 #: The header that names each record of an exactly-once sink: ``writer:epoch:seq``.
 EPOCH_HEADER = "rayflow.epoch"
+
+
+@dataclass
+class TransactionalState:
+    """An exactly-once sink's checkpointed state: its run and the epochs it has not
+    committed (``epoch -> {"parts": pickled [(values, keys)], "low": offsets}``).
+
+    Each epoch's records are pickled once, when it is pre-committed: a later checkpoint
+    that still holds the epoch (its commit is under way) carries the same bytes, so a
+    backlog of epochs costs a copy, not a pickle per record per checkpoint.
+    ``checkpoint_bytes`` is what this checkpoint added (the new epoch)."""
+
+    run: str
+    pending: dict[int, dict] = field(default_factory=dict)
+    checkpoint_bytes: int = 0
 
 
 class _TransactionalWriter(_KafkaWriter):
@@ -43,31 +62,59 @@ class _TransactionalWriter(_KafkaWriter):
             # a rescale resumes from a savepoint: the old instances committed everything at
             # their end of stream, so there is nothing of theirs to commit
             resume_state = None
+        if isinstance(resume_state, dict):  # a checkpoint of an earlier version
+            resume_state = TransactionalState(resume_state["run"], resume_state["pending"])
         # The writer id names this sink instance *and the run*: a restored instance keeps the
         # run of its checkpoint (its epochs continue), a fresh job starts new ones.
-        self.run = resume_state["run"] if resume_state else ctx.run_id
+        self.run = resume_state.run if resume_state else ctx.run_id
         ident = f"{ctx.job_name}/{self.run}/{ctx.step_id}/{ctx.instance}".encode()
         self.writer = hashlib.blake2b(ident, digest_size=8).hexdigest()
         self.scanner = scanner
         self.buffer: list[tuple[list, list | None]] = []
-        self.pending: dict[int, dict] = {}  # epoch -> {"parts": [(values, keys)], "low": ...}
+        self.pending: dict[int, dict] = {}  # epoch -> {"parts": pickled, "low": offsets}
+        self._buffer_bytes = 0
+        self._room = threading.Condition()  # a commit ended: writes may go on
+        self._committing = False
+        self.waited_s = 0.0  # time writes waited for a commit (backpressure)
         self.p.init_transactions()  # fences an older producer of this instance
         self.low = scanner.end_offsets(spec.topic)  # our next records land at or after this
-        if resume_state and resume_state["pending"]:
-            self.pending = dict(resume_state["pending"])
+        if resume_state and resume_state.pending:
+            self.pending = dict(resume_state.pending)
             self._recommit()
 
     def write(self, items, event_times, in_time):
         values, keys, dead = self._encode(items, in_time)
         if values:
+            self._wait_for_room()
             self.buffer.append((values, keys))
+            self._buffer_bytes += sum(map(len, values))
         return dead
 
+    def uncommitted_bytes(self) -> int:
+        """Bytes of records held for commits: pre-committed epochs and the open one."""
+        return self._buffer_bytes + sum(len(e["parts"]) for e in self.pending.values()
+                                        if isinstance(e["parts"], bytes))
+
+    def _wait_for_room(self) -> None:
+        """Backpressure: while a commit is under way and more than ``max_uncommitted_bytes``
+        wait for it, wait (the commit runs on another thread). Waiting only on a running
+        commit never deadlocks: an epoch whose checkpoint was aborted is committed with a
+        later checkpoint, whose barrier this task must still reach."""
+        limit = self.spec.max_uncommitted_bytes
+        with self._room:
+            while self._committing and self.uncommitted_bytes() > limit:
+                t0 = time.perf_counter()
+                self._room.wait(1.0)
+                self.waited_s += time.perf_counter() - t0
+
     def snapshot(self, checkpoint_id):
+        added = 0
         if self.buffer:
-            self.pending[checkpoint_id] = {"parts": self.buffer, "low": dict(self.low)}
-            self.buffer = []
-        return {"run": self.run, "pending": dict(self.pending)}
+            blob = pickle.dumps(self.buffer, protocol=pickle.HIGHEST_PROTOCOL)
+            self.pending[checkpoint_id] = {"parts": blob, "low": dict(self.low)}
+            self.buffer, self._buffer_bytes = [], 0
+            added = len(blob)
+        return TransactionalState(self.run, dict(self.pending), added)
 
     def uncommitted(self) -> bool:
         return bool(self.pending or self.buffer)
@@ -76,16 +123,26 @@ class _TransactionalWriter(_KafkaWriter):
         ready = sorted(cid for cid in list(self.pending) if cid <= checkpoint_id)
         if not ready:
             return
-        # later epochs land after what is on the topic now (a restore reads from there)
-        self.low = self.scanner.end_offsets(self.spec.topic)
-        self._send(ready, set())
+        with self._room:
+            self._committing = True
+        try:
+            # later epochs land after what is on the topic now (a restore reads from there)
+            self.low = self.scanner.end_offsets(self.spec.topic)
+            self._send(ready, set())
+        finally:
+            with self._room:
+                self._committing = False
+                self._room.notify_all()
 
     def _send(self, ready: list[int], skip: set[bytes]) -> None:
         self.p.begin()
         topic, w = self.spec.topic, self.writer
         for cid in ready:
             seq = 0
-            for values, keys in self.pending[cid]["parts"]:
+            parts = self.pending[cid]["parts"]
+            if isinstance(parts, bytes):  # (an earlier version's checkpoint holds the list)
+                parts = pickle.loads(parts)
+            for values, keys in parts:
                 tags = [f"{w}:{cid}:{seq + i}".encode() for i in range(len(values))]
                 seq += len(values)
                 if skip:
@@ -96,8 +153,9 @@ class _TransactionalWriter(_KafkaWriter):
                 if values:
                     self.p.send_many(topic, values, keys, [[(EPOCH_HEADER, t)] for t in tags])
         self.p.commit()  # flushes first
-        for cid in ready:
-            del self.pending[cid]
+        with self._room:
+            for cid in ready:
+                del self.pending[cid]
 
     def _recommit(self) -> None:
         """Commit the restored epochs, skipping records of theirs already visible."""
