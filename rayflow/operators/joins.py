@@ -25,6 +25,7 @@ Output records are ``(key, left, right)`` tuples. Records behind the watermark l
 from __future__ import annotations
 
 import dataclasses
+import heapq
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -43,7 +44,6 @@ from rayflow.operators.windows import (
     SlidingWindow,
     TumblingWindow,
     Windowed,
-    WindowQueue,
     _StatefulLogic,
     _times,
     check_ttl,
@@ -247,13 +247,28 @@ class _IntervalLogic(_StatefulLogic):
     def __init__(self, spec: IntervalJoin, ctx: StepContext, resume_state: Any):
         super().__init__(spec, ctx, resume_state)
         self.watermark = self.state.get(self.WM, -math.inf)
-        self.expiry = WindowQueue()
+        # One cleanup entry per key, at the earliest time one of its records can go (Flink
+        # registers a cleanup timer per record): when it fires, the key's records are pruned
+        # and the next entry is pushed. ``_due[key]`` is the key's live entry; an entry of an
+        # earlier time that no longer matches it is stale and skipped.
+        self._heap: list = []
+        self._seq = 0
+        self._due: dict = {}
         for k, v in self.state.items():
             if isinstance(k, tuple) and len(k) == 2 and k[0] == "__i":
-                for t, _ in v[0]:
-                    self.expiry.push(t + spec.upper_s, k[1], None)
-                for t, _ in v[1]:
-                    self.expiry.push(t - spec.lower_s, k[1], None)
+                self._schedule(k[1], self._next_due(v))
+
+    def _next_due(self, sides) -> float:
+        lo, hi = self.spec.lower_s, self.spec.upper_s
+        return min(min((t + hi for t, _ in sides[LEFT]), default=math.inf),
+                   min((t - lo for t, _ in sides[RIGHT]), default=math.inf))
+
+    def _schedule(self, key, due: float) -> None:
+        """Make sure ``key`` is looked at by ``due``."""
+        if due < self._due.get(key, math.inf):
+            self._due[key] = due
+            heapq.heappush(self._heap, (due, self._seq, key))
+            self._seq += 1
 
     def snapshot(self):
         self.state.put(self.WM, self.watermark)
@@ -272,7 +287,7 @@ class _IntervalLogic(_StatefulLogic):
         key_fn = spec.left_key if index == LEFT else spec.right_key
         lo, hi = spec.lower_s, spec.upper_s
         out, out_t, dead, late, late_t = [], [], [], [], []
-        cache: dict = {}
+        cache: dict = {}  # state key -> (its sides, the earliest time a new record can go)
         for rec, t in zip(rows(items), times.tolist()):
             if t < self.watermark:
                 late.append(rec)
@@ -281,30 +296,34 @@ class _IntervalLogic(_StatefulLogic):
             try:
                 key = key_fn(rec)
                 skey = ("__i", key)
-                sides = cache.get(skey)
-                if sides is None:
+                entry = cache.get(skey)
+                if entry is None:
                     got = state.get(skey)
-                    sides = cache[skey] = ([], []) if got is None else (list(got[0]),
-                                                                        list(got[1]))
+                    # the lists are changed in place and put back (snapshots copy them)
+                    entry = cache[skey] = [([], []) if got is None else got, math.inf]
             except Exception as exc:  # noqa: BLE001 - user key function
                 dead.append(self.dead(describe_exception(exc), rec))
                 continue
+            sides = entry[0]
             if index == LEFT:
                 for tr, r in sides[RIGHT]:
                     if t + lo <= tr <= t + hi:
                         out.append((key, rec, r))
                         out_t.append(max(t, tr))
                 sides[LEFT].append((t, rec))
-                self.expiry.push(t + hi, key, None)
+                due = t + hi
             else:
                 for tl, left in sides[LEFT]:
                     if tl + lo <= t <= tl + hi:
                         out.append((key, left, rec))
                         out_t.append(max(tl, t))
                 sides[RIGHT].append((t, rec))
-                self.expiry.push(t - lo, key, None)
-        for skey, sides in cache.items():
+                due = t - lo
+            if due < entry[1]:
+                entry[1] = due
+        for skey, (sides, due) in cache.items():
             state.put(skey, sides)
+            self._schedule(skey[1], due)
         self.touch(skey[1] for skey in cache)
         side = {"late": (late, np.asarray(late_t, dtype=np.float64))} if late else {}
         return self.with_expiry(
@@ -312,6 +331,7 @@ class _IntervalLogic(_StatefulLogic):
 
     def drop_key(self, key):
         self.state.delete(("__i", key))
+        self._due.pop(key, None)
 
     def on_tick(self, now):
         return self.with_expiry(None)
@@ -322,7 +342,13 @@ class _IntervalLogic(_StatefulLogic):
         self.watermark = watermark
         lo, hi = self.spec.lower_s, self.spec.upper_s
         # a record is dropped once nothing at or after the watermark can match it
-        for _, key, _ in self.expiry.pop_until(np.nextafter(watermark, -math.inf)):
+        heap, due, keys = self._heap, self._due, []
+        while heap and heap[0][0] < watermark:
+            at, _, key = heapq.heappop(heap)
+            if due.get(key) == at:  # the key's live entry
+                del due[key]
+                keys.append(key)
+        for key in keys:
             skey = ("__i", key)
             sides = self.state.get(skey)
             if sides is None:
@@ -331,6 +357,7 @@ class _IntervalLogic(_StatefulLogic):
             rights = [(t, r) for t, r in sides[RIGHT] if t - lo >= watermark]
             if lefts or rights:
                 self.state.put(skey, (lefts, rights))
+                self._schedule(key, self._next_due((lefts, rights)))
             else:
                 self.state.delete(skey)
         return self.with_expiry(None)
