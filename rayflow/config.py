@@ -288,6 +288,10 @@ class HpcOptions(BaseModel):
                                    "deaths")
     warm_gang_idle_s: float = Field(10.0, ge=0, description="seconds the gang of a finished "
                                     "stage stays started for the next stage (0: shut down)")
+    check_collectives: bool = Field(
+        False, description="rooted collectives (bcast, gather, scatter, reduce) check that "
+        "every rank passed the same root and buffer, raising on every rank instead of "
+        "hanging; each rank then hears from every other (3-5x a small unchecked call)")
 
 
 class RayflowConfig(BaseSettings):

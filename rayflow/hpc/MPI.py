@@ -33,6 +33,7 @@ No Ray is imported by this module.
 
 from __future__ import annotations
 
+import builtins
 import itertools
 import operator
 import pickle
@@ -293,6 +294,17 @@ def _copy_into(dst: np.ndarray, got: Any, where: str) -> int:
     return got.size
 
 
+def _items(flat: np.ndarray | None) -> str | None:
+    """How a buffer shows in a rooted collective's check: its items and dtype."""
+    return None if flat is None else f"{flat.size} items of {flat.dtype}"
+
+
+def _same_items(where: str, what: str, a: np.ndarray, other: str, b: np.ndarray) -> None:
+    if a.size != b.size or a.dtype != b.dtype:
+        raise ValueError(f"{where}: the root's {what} ({_items(a)}) does not match its {other} "
+                         f"({_items(b)})")
+
+
 def _private(obj: Any) -> Any:
     """A copy of a received object that shares no memory with the channel it came from."""
     if isinstance(obj, np.ndarray):
@@ -537,7 +549,8 @@ class Comm:
             base: _comm.Communicator = _comm.CartComm(c._t, c._members, ctx, c.dims, c.periods,
                                                       attempt=c.attempt)
             return Cartcomm(base)
-        return Intracomm(_comm.Communicator(c._t, c._members, ctx, attempt=c.attempt))
+        return Intracomm(_comm.Communicator(c._t, c._members, ctx, attempt=c.attempt,
+                                            check_roots=c.check_roots))
 
     def Split(self, color: int = 0, key: int = 0) -> Comm:  # noqa: N802
         """Partition by ``color`` (``UNDEFINED``: this rank joins none and gets ``COMM_NULL``),
@@ -847,7 +860,7 @@ class Comm:
         op = _check_op(op, "reduce")
         if op._comm_op is not None and not isinstance(sendobj, tuple):
             return self._c.reduce(sendobj, op._comm_op, root)
-        vals = self._c.gather(sendobj, root)
+        vals = self._c._gather(sendobj, root, "reduce")
         return None if vals is None else _fold(vals, op, "reduce")
 
     def allreduce(self, sendobj: Any, op: Op = SUM) -> Any:
@@ -867,11 +880,26 @@ class Comm:
         return _fold(vals, op, "exscan") if vals else None
 
     # ------------------------------------------------------------ collectives, buffers
+    # The rooted buffer collectives: every rank's buffer travels described (its items and
+    # dtype) with the root it passed, and a rank whose own buffers are wrong still takes
+    # part, with the error in place of its data: every rank then raises instead of waiting.
     def Bcast(self, buf: Any, root: int = 0) -> None:  # noqa: N802
-        flat, _ = _buffer(buf, "Bcast", writable=True)
-        got = self._c.bcast(flat if self._c.rank == root else None, root)
-        if self._c.rank != root:
-            _copy_into(flat, got, "Bcast")
+        c = self._c
+        if c._native is not None:
+            flat, _ = _buffer(buf, "Bcast", writable=True)
+            got = c.bcast(flat if c.rank == root else None, root)
+            if c.rank != root:
+                _copy_into(flat, got, "Bcast")
+            return
+        mine: np.ndarray | None = None
+        error = None
+        try:
+            mine = _buffer(buf, "Bcast", writable=True)[0]
+        except builtins.Exception as err:  # every rank raises it (see above)
+            error = err
+        got = c._bcast(mine if c.rank == root else None, root, "Bcast", _items(mine), error)
+        if c.rank != root:
+            _copy_into(mine, got, "Bcast")  # type: ignore[arg-type]  # (no error: a buffer)
 
     def _send_flat(self, sendbuf: Any, recvflat: np.ndarray | None, where: str) -> np.ndarray:
         if sendbuf is IN_PLACE:
@@ -891,12 +919,17 @@ class Comm:
         return op
 
     def Reduce(self, sendbuf: Any, recvbuf: Any, op: Op = SUM, root: int = 0) -> None:  # noqa: N802
-        op = self._buffer_op(op, "Reduce")
         is_root = self._c.rank == root
-        recvflat = _buffer(recvbuf, "Reduce", writable=True)[0] if is_root else None
-        if sendbuf is IN_PLACE and not is_root:
-            raise ValueError("Reduce: IN_PLACE is for the root's send buffer only")
-        vals = self._c.gather(self._send_flat(sendbuf, recvflat, "Reduce"), root)
+        mine, recvflat, error = None, None, None
+        try:
+            op = self._buffer_op(op, "Reduce")
+            recvflat = _buffer(recvbuf, "Reduce", writable=True)[0] if is_root else None
+            if sendbuf is IN_PLACE and not is_root:
+                raise ValueError("Reduce: IN_PLACE is for the root's send buffer only")
+            mine = self._send_flat(sendbuf, recvflat, "Reduce")
+        except builtins.Exception as err:  # every rank raises it
+            error = err
+        vals = self._c._gather(mine, root, "Reduce", _items(mine), error)
         if vals is not None:  # (only at the root, which has recvflat)
             _copy_into(recvflat, _fold(vals, op, "Reduce"), "Reduce")  # type: ignore[arg-type]
 
@@ -920,31 +953,50 @@ class Comm:
     def Gather(self, sendbuf: Any, recvbuf: Any, root: int = 0) -> None:  # noqa: N802
         c = self._c
         is_root = c.rank == root
-        recvflat = _buffer(recvbuf, "Gather", writable=True)[0] if is_root else None
-        if sendbuf is IN_PLACE:
-            if not is_root:
-                raise ValueError("Gather: IN_PLACE is for the root's send buffer only")
-            mine = _chunks(recvflat, c.size, "Gather")[root].copy()  # type: ignore[arg-type]  # root
-        else:
-            mine = _buffer(sendbuf, "Gather")[0]
-        vals = c.gather(mine, root)
-        if vals is not None:
-            # (vals only at the root, which has recvflat)
-            for chunk, v in zip(_chunks(recvflat, c.size, "Gather"), vals):  # type: ignore[arg-type]
+        mine, chunks, error = None, None, None
+        try:
+            if is_root:
+                chunks = _chunks(_buffer(recvbuf, "Gather", writable=True)[0], c.size, "Gather")
+            if sendbuf is IN_PLACE:
+                if not is_root:
+                    raise ValueError("Gather: IN_PLACE is for the root's send buffer only")
+                mine = chunks[root].copy()  # type: ignore[index]  # (the root has chunks)
+            else:
+                mine = _buffer(sendbuf, "Gather")[0]
+            if is_root:
+                _same_items("Gather", "send buffer", mine, "receive buffer's blocks",
+                            chunks[root])  # type: ignore[index]
+        except builtins.Exception as err:  # every rank raises it
+            error = err
+        # the root's blocks must match what every rank sends: they travel described as one
+        vals = c._gather(mine, root, "Gather", _items(mine), error)
+        if vals is not None:  # (only at the root, which has chunks)
+            for chunk, v in zip(chunks, vals):  # type: ignore[arg-type]
                 _copy_into(chunk, v, "Gather")
 
     def Scatter(self, sendbuf: Any, recvbuf: Any, root: int = 0) -> None:  # noqa: N802
         c = self._c
         is_root = c.rank == root
-        parts = None
-        if is_root:
-            parts = [p.copy() for p in _chunks(_buffer(sendbuf, "Scatter")[0], c.size, "Scatter")]
-        got = c.scatter(parts, root)
-        if recvbuf is IN_PLACE:
-            if not is_root:
-                raise ValueError("Scatter: IN_PLACE is for the root's receive buffer only")
-            return
-        _copy_into(_buffer(recvbuf, "Scatter", writable=True)[0], got, "Scatter")
+        parts, recvflat, block, error = None, None, None, None
+        try:
+            if is_root:
+                parts = [p.copy() for p in _chunks(_buffer(sendbuf, "Scatter")[0], c.size,
+                                                    "Scatter")]
+                block = parts[root]
+            if recvbuf is IN_PLACE:
+                if not is_root:
+                    raise ValueError("Scatter: IN_PLACE is for the root's receive buffer only")
+            else:
+                recvflat = _buffer(recvbuf, "Scatter", writable=True)[0]
+                if is_root:
+                    _same_items("Scatter", "receive buffer", recvflat, "send buffer's blocks",
+                                block)  # type: ignore[arg-type]
+                block = recvflat
+        except builtins.Exception as err:  # every rank raises it
+            error = err
+        got = c._scatter(parts, root, "Scatter", _items(block), error)
+        if recvflat is not None:
+            _copy_into(recvflat, got, "Scatter")
 
     def Allgather(self, sendbuf: Any, recvbuf: Any) -> None:  # noqa: N802
         c = self._c

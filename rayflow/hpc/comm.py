@@ -32,6 +32,17 @@ whatever it chose, tells the others. Every rank then raises ``ValueError`` at on
 waiting for messages that never come. Messages of such a failed collective may be left
 unread: do not go on using the group, as after an error in MPI.
 
+The rooted collectives (``bcast``, ``gather``, ``scatter``, ``reduce``) must get the same
+root on every rank (MPI's rule too). A rank that trusts another root waits for a rank that
+sends nothing, or takes a message meant for someone else. As in MPI, that is not checked by
+default; a root out of range raises at once on its rank. With ``check_roots=True``
+(``hpc.check_collectives``) every rank sends one message to every other rank in the same
+hop: the data where the algorithm has some to send, else a header alone, each naming the
+collective, the root and (for the buffer forms) the buffer's size and type. Every rank
+checks all of them and raises the same ``ValueError`` naming what each rank passed. The
+price: a rooted collective then ends together on all ranks, as an ``allgather`` of the
+header does, 3-5x the time of an unchecked small call on 2-4 ranks.
+
 Arrays received may be read-only views of Ray's object store: copy before mutating.
 No Ray is imported by this module. It is long because it is one contract: every collective
 is written over the same transport and matching rules, and a backend conformance test
@@ -292,6 +303,34 @@ def _mismatch_error(what: str, headers: dict[int, tuple]) -> ValueError:
                       f"got {parts}")
 
 
+def _root_text(root: Any) -> str:
+    """How a rank's root shows in a rooted collective's header (ints of any type alike)."""
+    if isinstance(root, (int, np.integer)) and not isinstance(root, bool):
+        return str(int(root))
+    return repr(root)
+
+
+def _rooted_agree(headers: dict[int, tuple]) -> bool:
+    """Whether the headers ``(collective, root, buffer)`` of a rooted collective agree; a
+    buffer of ``None`` (an object form, or a rank whose buffers were wrong) matches any."""
+    first = next(iter(headers.values()))
+    bufs = {b for _, _, b in headers.values() if b is not None}
+    return all(h[:2] == first[:2] for h in headers.values()) and len(bufs) <= 1
+
+
+def _rooted_error(what: str, headers: dict[int, tuple]) -> ValueError:
+    calls = {c for c, _, _ in headers.values()}
+    sized = any(b is not None for _, _, b in headers.values())
+    if len(calls) > 1:
+        need = "call the same collective"
+    else:
+        need = "pass the same root" + (" and a buffer of the same size and type" if sized else "")
+    parts = ", ".join(f"rank {r}: " + (f"{c} " if len(calls) > 1 else "") + f"root={root}"
+                      + ("" if b is None else f" with {b}")
+                      for r, (c, root, b) in sorted(headers.items()))
+    return ValueError(f"{what}: every rank must {need}; got {parts}")
+
+
 class _Mismatch(Exception):
     """A first message whose header differs from the receiver's (internal)."""
 
@@ -326,8 +365,10 @@ class Communicator:
         context: tuple = ("world",),
         native: Any = None,
         attempt: int = 0,
+        check_roots: bool = False,
     ):
         self._t = transport
+        self.check_roots = check_roots  # rooted collectives check every rank's root
         self._members = list(range(transport.size)) if members is None else list(members)
         self._index = {w: i for i, w in enumerate(self._members)}
         self.rank = self._index[transport.rank]
@@ -454,39 +495,168 @@ class Communicator:
         self.allgather(None)
 
     def bcast(self, obj: Any, root: int = 0) -> Any:
-        """Return ``root``'s ``obj`` on every rank."""
-        self._check_rank(root, "root")
+        """Return ``root``'s ``obj`` on every rank.
+
+        Raises:
+            ValueError: with ``check_roots``, on every rank when the ranks pass
+                different roots (each rank's root is named); at once on a rank whose
+                root is out of range. A world
+                group with native collectives (gloo) broadcasts with its backend, which
+                does not check the roots.
+        """
         if self._native is not None:
+            self._check_rank(root, "root")
             return self._native.bcast(obj, root)
+        return self._bcast(obj, root, "bcast")
+
+    def _unchecked(self, root: Any, error: BaseException | None) -> bool:
+        """Whether a rooted collective takes its plain path (``check_roots`` off): then
+        this rank's own bad input raises here, as the root out of range does."""
+        if self.check_roots:
+            return False
+        if error is not None:
+            raise error
+        self._check_rank(root, "root")
+        return True
+
+    def _bcast(self, obj: Any, root: Any, what: str, sig: str | None = None,
+               error: BaseException | None = None) -> Any:
+        if self._unchecked(root, error):
+            if self.size == 1:
+                return obj
+            return self._plain_bcast(obj, root)
+        mine = self.rank == root
+        got = self._rooted(what, root, sig, error, to_all=obj if mine else None)
+        return obj if mine else got[root]
+
+    def _plain_bcast(self, obj: Any, root: int) -> Any:
+        """A broadcast with no header: an unchecked ``bcast``, and the broadcast of an
+        allreduce's result from rank 0 (its ranks have agreed already), under the next
+        collective key (where :meth:`_stop_every_rank` sends its errors)."""
         key = self._ckey("bcast")
-        if self.size == 1:
-            return obj
         if self.rank == root:
             self._t.send_many([self._members[r] for r in range(self.size) if r != root], key, obj)
             return obj
         return self._recv_from(root, key)
 
     def gather(self, obj: Any, root: int = 0) -> list[Any] | None:
-        """Return the list of every rank's ``obj`` on ``root`` (``None`` elsewhere)."""
-        self._check_rank(root, "root")
-        key = self._ckey("gather")
+        """Return the list of every rank's ``obj`` on ``root`` (``None`` elsewhere).
+
+        Raises:
+            ValueError: with ``check_roots``, on every rank when the ranks pass
+                different roots; at once on a
+                rank whose root is out of range.
+        """
+        return self._gather(obj, root, "gather")
+
+    def _gather(self, obj: Any, root: Any, what: str, sig: str | None = None,
+                error: BaseException | None = None) -> list[Any] | None:
+        if self._unchecked(root, error):
+            key = self._ckey("gather")
+            if self.rank != root:
+                self._send_to(root, key, obj)
+                return None
+            return [obj if r == root else self._recv_from(r, key) for r in range(self.size)]
+        to = None if self.rank == root else {root: obj}
+        got = self._rooted(what, root, sig, error, to=to)
         if self.rank != root:
-            self._send_to(root, key, obj)
             return None
-        return [obj if r == root else self._recv_from(r, key) for r in range(self.size)]
+        got[root] = obj
+        return got
 
     def scatter(self, objs: Sequence[Any] | None, root: int = 0) -> Any:
-        """Return ``objs[rank]`` of ``root``'s list on each rank."""
-        self._check_rank(root, "root")
-        key = self._ckey("scatter")
-        if self.rank == root:
-            if objs is None or len(objs) != self.size:
-                raise ValueError(f"scatter needs {self.size} objects on the root")
-            for r in range(self.size):
-                if r != root:
-                    self._send_to(r, key, objs[r])
-            return objs[root]
-        return self._recv_from(root, key)
+        """Return ``objs[rank]`` of ``root``'s list on each rank.
+
+        Raises:
+            ValueError: when the root's ``objs`` is not one object per rank (with
+                ``check_roots`` on every rank, as when the ranks pass different roots);
+                at once on a rank whose root is out of range.
+        """
+        return self._scatter(objs, root, "scatter")
+
+    def _scatter(self, objs: Sequence[Any] | None, root: Any, what: str,
+                 sig: str | None = None, error: BaseException | None = None) -> Any:
+        if self._unchecked(root, error):
+            key = self._ckey("scatter")
+            if self.rank == root:
+                if objs is None or len(objs) != self.size:
+                    raise ValueError(f"{what}: the root (rank {root}) must pass one object "
+                                     f"per rank ({self.size})")
+                for r in range(self.size):
+                    if r != root:
+                        self._send_to(r, key, objs[r])
+                return objs[root]
+            return self._recv_from(root, key)
+        to = None
+        if self.rank == root and error is None:
+            try:
+                n = len(objs)  # type: ignore[arg-type]
+            except TypeError:
+                n = None
+            if n != self.size:
+                passed = "None" if objs is None else (
+                    f"a {type(objs).__name__}" if n is None else f"{n} objects")
+                error = ValueError(f"{what}: the root (rank {root}) must pass one object per "
+                                   f"rank ({self.size}), got {passed}")
+            else:
+                to = {r: objs[r] for r in range(self.size)}  # type: ignore[index]
+        got = self._rooted(what, root, sig, error, to=to)
+        return objs[root] if self.rank == root else got[root]  # type: ignore[index]
+
+    def _rooted(self, what: str, root: Any, sig: str | None, error: BaseException | None,
+                to_all: Any = None, to: dict[int, Any] | None = None) -> list[Any]:
+        """The messages of a rooted collective: one to every other rank and one from each.
+
+        Every message is headed by this rank's ``(what, root, sig)`` (``sig``: what the
+        buffer forms must match, else ``None``); its payload is ``to[r]`` for rank ``r``, else
+        ``to_all`` (``None`` for a header alone). Since every rank hears from every rank in
+        the same hop, ranks that pass different roots all raise, instead of waiting for a
+        root that sends nothing or taking a message meant for another; the root waits for
+        the others' headers, so a rooted collective ends together on all ranks. ``error``
+        (bad input on this rank) travels in place of the data, and every rank raises it.
+
+        Returns the payloads received, by rank (``None`` at this rank's own index).
+
+        Raises:
+            ValueError: at once on a rank whose root is out of range (after telling the
+                others, who raise naming the roots); on every rank when the headers differ.
+        """
+        key = self._ckey("rooted")  # one key for all: a rank in another collective is named
+        hdr = (what, _root_text(root), sig)
+        others = [r for r in range(self.size) if r != self.rank]
+        try:
+            self._check_rank(root, "root")
+        except (TypeError, ValueError) as err:
+            bad_root: BaseException | None = err
+        else:
+            bad_root = None
+        failure = error if error is not None else bad_root
+        if failure is not None:
+            failed = _Failed(failure)
+            if others:
+                self._t.send_many([self._members[r] for r in others], key, (hdr, failed))
+            if bad_root is not None:
+                raise bad_root
+        else:
+            to = to or {}
+            rest = [r for r in others if r not in to]
+            if rest:
+                self._t.send_many([self._members[r] for r in rest], key, (hdr, to_all))
+            for r, payload in to.items():
+                if r != self.rank:
+                    self._send_to(r, key, (hdr, payload))
+        got: list[Any] = [None] * self.size
+        headers = {self.rank: hdr}
+        for r in others:
+            headers[r], got[r] = self._recv_from(r, key)
+        if not _rooted_agree(headers):
+            raise _rooted_error(what, headers)
+        for r in range(self.size):
+            if r == self.rank and error is not None:
+                raise error
+            if isinstance(got[r], _Failed):
+                raise got[r].error
+        return got
 
     def allgather(self, obj: Any) -> list[Any]:
         """Return the list of every rank's ``obj`` (index = rank) on every rank."""
@@ -513,9 +683,14 @@ class Communicator:
 
         numpy arrays combine elementwise (same shape and dtype on every rank), other objects
         with Python's operators, in rank order (see :func:`reduce_values`).
+
+        Raises:
+            ValueError: with ``check_roots``, on every rank when the ranks pass
+                different roots; at once on a
+                rank whose root is out of range; on the root, when the arrays differ.
         """
         check_op(op)
-        vals = self.gather(obj, root)
+        vals = self._gather(obj, root, "reduce")
         return None if vals is None else reduce_values(vals, op, "reduce")
 
     def allreduce(self, obj: Any, op: str = "sum", out: np.ndarray | None = None) -> Any:
@@ -595,7 +770,7 @@ class Communicator:
         # one; on few cores the message count, not the hop count, sets the time.
         if self.rank != 0:
             self._send_to(0, key, (hdr, obj))
-            result = self.bcast(None, 0)
+            result = self._plain_bcast(None, 0)
             if isinstance(result, _Failed):
                 # ranks that took another algorithm wait for a message from this one
                 for r in result.notify:
@@ -610,9 +785,9 @@ class Communicator:
         try:
             result = reduce_values([v for _, v in msgs], op, "allreduce")
         except Exception as err:  # noqa: BLE001 - every rank raises it, not rank 0 alone
-            self.bcast(_Failed(err), 0)
+            self._plain_bcast(_Failed(err), 0)
             raise
-        self.bcast(result, 0)
+        self._plain_bcast(result, 0)
         return result if out is None else _fill(out, result)
 
     @staticmethod
@@ -742,7 +917,8 @@ class Communicator:
             (k, r) for r, (c, k) in enumerate(pairs) if c == color
         )
         world = [self._members[r] for _, r in members]
-        return Communicator(self._t, world, (self._ctx, "split", seq, color), attempt=self.attempt)
+        return Communicator(self._t, world, (self._ctx, "split", seq, color), attempt=self.attempt,
+                            check_roots=self.check_roots)
 
     def create_cart(
         self, dims: Sequence[int], periods: Sequence[bool] | None = None

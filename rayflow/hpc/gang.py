@@ -88,6 +88,7 @@ class RankActor(MailboxHost):
                 pass
         self._transport: Any = None
         self._native: Any = None
+        self._check_roots = False  # hpc.check_collectives, set by setup()
 
     @ray.method(concurrency_group="mail")
     def _rf_deliver(self, stage: str, src: int, key: tuple, obj: Any) -> None:
@@ -98,9 +99,11 @@ class RankActor(MailboxHost):
         """Wake this rank's run of ``stage`` if it waits on a message (a peer died)."""
         self._rf_mailbox().abort(stage)
 
-    def setup(self, world_size: int, rank: int, group_name: str, backend: str) -> str:
+    def setup(self, world_size: int, rank: int, group_name: str, backend: str,
+              check_roots: bool = False) -> str:
         """Join the collective group; returns the node id (for placement checks)."""
         self.rank, self.world_size = rank, world_size
+        self._check_roots = check_roots
         if backend == "gloo":
             from ray.util import collective
 
@@ -125,7 +128,8 @@ class RankActor(MailboxHost):
             transport = self._transport.for_stage(stage)
         else:
             transport = self._transport
-        comm = Communicator(transport, context=("world",), native=self._native, attempt=attempt)
+        comm = Communicator(transport, context=("world",), native=self._native, attempt=attempt,
+                            check_roots=self._check_roots)
         t0 = time.perf_counter()
         out = fn(comm, *blocks, *fn_args, **(fn_kwargs or {}))
         wall = time.perf_counter() - t0
@@ -176,6 +180,7 @@ class Gang:
         if self.backend not in ("ray", "gloo"):
             raise ValueError(f"unknown backend {self.backend!r}; use 'ray' or 'gloo'")
         self.strategy = strategy or opts.strategy
+        self.check_collectives = opts.check_collectives
         self.gang_timeout_s = gang_timeout_s if gang_timeout_s is not None else opts.gang_timeout_s
         cpus = rank_num_cpus if rank_num_cpus is not None else opts.rank_num_cpus
         if cpus < 0:
@@ -312,7 +317,8 @@ class Gang:
                 ray.kill(self._rdv, no_restart=True)
             self._rdv = create_rendezvous(group, self.size)
         self.node_ids = ray.get(
-            [a.setup.remote(self.size, r, group, self.backend) for r, a in enumerate(self.actors)],
+            [a.setup.remote(self.size, r, group, self.backend, self.check_collectives)
+             for r, a in enumerate(self.actors)],
             timeout=self.gang_timeout_s + 60,
         )
 
