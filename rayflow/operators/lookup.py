@@ -110,11 +110,19 @@ class _LookupLogic(_StatefulLogic):
         super().__init__(spec, ctx, resume_state)
         self.event_time = spec.event_time
         self.watermark = self.state.get(self.WM, -math.inf)
+        # one entry per key with waiting records, at the earliest of their times (pushed
+        # again for what is left when it fires); ``_due[key]`` is the key's live entry
         self.waiting = WindowQueue()
+        self._due: dict = {}
         for k, v in self.state.items():
-            if isinstance(k, tuple) and len(k) == 2 and k[0] == _WAITING:
-                for t, _ in v:
-                    self.waiting.push(t, k[1], None)
+            if isinstance(k, tuple) and len(k) == 2 and k[0] == _WAITING and v:
+                self._wait(k[1], min(t for t, _ in v))
+
+    def _wait(self, key, t: float) -> None:
+        """Make sure ``key``'s waiting records are looked at when the watermark passes ``t``."""
+        if t < self._due.get(key, math.inf):
+            self._due[key] = t
+            self.waiting.push(t, key, None)
 
     def snapshot(self):
         self.state.put(self.WM, self.watermark)
@@ -123,6 +131,7 @@ class _LookupLogic(_StatefulLogic):
     def drop_key(self, key):
         self.state.delete((_TABLE, key))
         self.state.delete((_WAITING, key))
+        self._due.pop(key, None)
 
     def process(self, items, event_times):
         raise TypeError(f"step {self.ctx.step_id!r}: a lookup join takes each batch with its "
@@ -196,10 +205,11 @@ class _LookupLogic(_StatefulLogic):
                 got.insert(bisect.bisect_right([v[0] for v in got], t), (t, rec))
             else:
                 got.append((t, rec))
-                self.waiting.push(t, key, None)
         for (what_, key), got in cache.items():
             if what_ == _TABLE:
                 got = _prune(got, wm)
+            else:
+                self._wait(key, min(t for t, _ in got))
             state.put((what_, key), tuple(got))
         side: dict[str, tuple[Any, np.ndarray | None]] = (
             {"late": (late, np.asarray(late_t, dtype=np.float64))} if late else {})
@@ -226,10 +236,13 @@ class _LookupLogic(_StatefulLogic):
         state, inner = self.state, self.spec.how == "inner"
         out, out_t = [], []
         below = watermark if watermark == math.inf else np.nextafter(watermark, -math.inf)
-        for _, key, _ in self.waiting.pop_until(below):
+        for at, key, _ in self.waiting.pop_until(below):
+            if self._due.get(key) != at:
+                continue  # not the key's live entry (its records went with an earlier one)
+            del self._due[key]
             waiting = state.get((_WAITING, key))
             if not waiting:
-                continue  # emitted with an earlier entry of the key
+                continue
             versions = state.get((_TABLE, key)) or ()
             vt = [v[0] for v in versions]
             keep = []
@@ -245,6 +258,7 @@ class _LookupLogic(_StatefulLogic):
                 out_t.append(t)
             if keep:
                 state.put((_WAITING, key), tuple(keep))
+                self._wait(key, keep[0][0])  # (sorted: the earliest left)
             else:
                 state.delete((_WAITING, key))
             if versions:
