@@ -100,17 +100,29 @@ class SplitWatermarks:
 
     def current(self, now: float) -> tuple[float, bool]:
         """``(watermark, idle)``: the minimum over the active splits, and whether all are
-        idle (then the watermark is the last one sent)."""
+        idle. When all are, the watermark is where the splits that had records and turned
+        idle last left it, as if the splits had turned idle one after the other: a split
+        that never had a record holds nothing back, even when it turns idle at the same
+        moment as the last one that had."""
         live = self.active(now)
         if not live:
-            return self.emitted, True
+            seen = [s for s in self.splits if self.max_seen[s] > NEVER]
+            if not seen:
+                return self.emitted, True
+            last = max(self.last_record[s] for s in seen)
+            return min(self.max_seen[s] for s in seen
+                       if self.last_record[s] == last) - self.max_delay_s, True
         return min(self.max_seen[s] for s in live) - self.max_delay_s, False
 
     def advance(self, now: float) -> Watermark | None:
         """The message to send downstream now, if any: a higher watermark, or a change
-        between active and idle."""
+        between active and idle (turning idle, first the watermark the last active splits
+        had reached, then the idle status)."""
         wm, idle = self.current(now)
         if idle:
+            if wm > self.emitted:
+                self.emitted, self.idle = wm, False
+                return Watermark(wm, False)
             if self.idle:
                 return None
             self.idle = True

@@ -91,6 +91,7 @@ class StepTask:
         self._lock = threading.Lock()  # sink writes (data) vs commits (control)
         self._commit_lock = threading.Lock()  # one sink commit at a time
         self._completed = 0  # the newest checkpoint known complete (sinks)
+        self._completed_lock = threading.Lock()  # (notifications come on several threads)
         self._error: BaseException | None = None
         self._inputs: list[tuple[str, int]] = []
         self._finished_inputs: set[tuple[str, int]] = set()
@@ -504,7 +505,8 @@ class StepTask:
         state (``final``), a sink commits everything it holds, and then it is done."""
         if self.step.kind == "sink":
             # notifications that queued behind a slow commit are folded into one transaction
-            self._completed = max(self._completed, checkpoint_id)
+            with self._completed_lock:
+                self._completed = max(self._completed, checkpoint_id)
             with self._commit_lock:
                 if self._key() not in final and self.writer.commits_beside_writes:
                     # beside the writes: the next epoch's records and barrier go on

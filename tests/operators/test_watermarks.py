@@ -41,6 +41,29 @@ def test_a_split_without_records_holds_the_watermark_until_it_is_idle():
     assert gen.advance(201.0) is None  # "b" at 20 and "a" idle: nothing new
 
 
+def test_a_split_without_records_turning_idle_with_the_last_one_holds_nothing_back():
+    """A split with no record whose idle clock started with the other's last record: both
+    turn idle at the same moment. The watermark the other reached goes out first, as if the
+    empty split had turned idle a moment earlier; then the idle status."""
+    gen = SplitWatermarks(0.0, 1.0, splits=[])
+    gen.set_splits([0, 1], now=10.0)
+    gen.observe(0, [19.9], now=10.0)  # the first poll brought every record of split 0
+    assert gen.advance(10.5) is None  # split 1 has said nothing yet: -inf
+    assert gen.advance(11.0) == Watermark(19.9)  # both idle now: 0's watermark first
+    assert gen.advance(11.1) == Watermark(19.9, idle=True)
+    assert gen.advance(12.0) is None
+
+
+def test_all_idle_takes_the_splits_that_turned_idle_last():
+    gen = SplitWatermarks(1.0, 1.0, splits=["a", "b"], now=0.0)
+    gen.observe("a", [30.0], now=0.0)
+    gen.observe("b", [12.0], now=0.5)  # "b" had a record later than "a"
+    assert gen.advance(0.5) == Watermark(11.0)  # min(30, 12) - 1
+    assert gen.advance(1.0) is None  # "a" idle at 1.0: "b" alone, still 11
+    # "b" turned idle last: its watermark stands, not "a"'s higher one
+    assert gen.advance(1.5) == Watermark(11.0, idle=True)
+
+
 def test_no_splits_means_idle_at_once():
     gen = SplitWatermarks(1.0, 5.0, splits=[])
     assert gen.advance(0.0) == Watermark(-math.inf, idle=True)
