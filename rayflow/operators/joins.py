@@ -25,7 +25,6 @@ Output records are ``(key, left, right)`` tuples. Records behind the watermark l
 from __future__ import annotations
 
 import dataclasses
-import heapq
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -39,6 +38,7 @@ from rayflow.operators.windows import (
     _GLOBAL,
     Aggregator,
     EventTime,
+    KeyDeadlines,
     ProcessingTime,
     SessionWindow,
     SlidingWindow,
@@ -247,28 +247,18 @@ class _IntervalLogic(_StatefulLogic):
     def __init__(self, spec: IntervalJoin, ctx: StepContext, resume_state: Any):
         super().__init__(spec, ctx, resume_state)
         self.watermark = self.state.get(self.WM, -math.inf)
-        # One cleanup entry per key, at the earliest time one of its records can go (Flink
-        # registers a cleanup timer per record): when it fires, the key's records are pruned
-        # and the next entry is pushed. ``_due[key]`` is the key's live entry; an entry of an
-        # earlier time that no longer matches it is stale and skipped.
-        self._heap: list = []
-        self._seq = 0
-        self._due: dict = {}
+        # One cleanup deadline per key, at the earliest time one of its records can go
+        # (Flink registers a cleanup timer per record): when it passes, the key's records
+        # are pruned and the next deadline is set.
+        self._cleanup = KeyDeadlines()
         for k, v in self.state.items():
             if isinstance(k, tuple) and len(k) == 2 and k[0] == "__i":
-                self._schedule(k[1], self._next_due(v))
+                self._cleanup.schedule(k[1], self._next_due(v))
 
     def _next_due(self, sides) -> float:
         lo, hi = self.spec.lower_s, self.spec.upper_s
         return min(min((t + hi for t, _ in sides[LEFT]), default=math.inf),
                    min((t - lo for t, _ in sides[RIGHT]), default=math.inf))
-
-    def _schedule(self, key, due: float) -> None:
-        """Make sure ``key`` is looked at by ``due``."""
-        if due < self._due.get(key, math.inf):
-            self._due[key] = due
-            heapq.heappush(self._heap, (due, self._seq, key))
-            self._seq += 1
 
     def snapshot(self):
         self.state.put(self.WM, self.watermark)
@@ -323,7 +313,7 @@ class _IntervalLogic(_StatefulLogic):
                 entry[1] = due
         for skey, (sides, due) in cache.items():
             state.put(skey, sides)
-            self._schedule(skey[1], due)
+            self._cleanup.schedule(skey[1], due)
         self.touch(skey[1] for skey in cache)
         side = {"late": (late, np.asarray(late_t, dtype=np.float64))} if late else {}
         return self.with_expiry(
@@ -331,7 +321,7 @@ class _IntervalLogic(_StatefulLogic):
 
     def drop_key(self, key):
         self.state.delete(("__i", key))
-        self._due.pop(key, None)
+        self._cleanup.drop(key)
 
     def on_tick(self, now):
         return self.with_expiry(None)
@@ -342,13 +332,7 @@ class _IntervalLogic(_StatefulLogic):
         self.watermark = watermark
         lo, hi = self.spec.lower_s, self.spec.upper_s
         # a record is dropped once nothing at or after the watermark can match it
-        heap, due, keys = self._heap, self._due, []
-        while heap and heap[0][0] < watermark:
-            at, _, key = heapq.heappop(heap)
-            if due.get(key) == at:  # the key's live entry
-                del due[key]
-                keys.append(key)
-        for key in keys:
+        for key in list(self._cleanup.pop_until(np.nextafter(watermark, -math.inf))):
             skey = ("__i", key)
             sides = self.state.get(skey)
             if sides is None:
@@ -357,7 +341,7 @@ class _IntervalLogic(_StatefulLogic):
             rights = [(t, r) for t, r in sides[RIGHT] if t - lo >= watermark]
             if lefts or rights:
                 self.state.put(skey, (lefts, rights))
-                self._schedule(key, self._next_due((lefts, rights)))
+                self._cleanup.schedule(key, self._next_due((lefts, rights)))
             else:
                 self.state.delete(skey)
         return self.with_expiry(None)

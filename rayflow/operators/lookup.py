@@ -47,6 +47,7 @@ from rayflow.operators.base import Logic, OperatorSpec, Output, StepContext, des
 from rayflow.operators.windows import (
     _GLOBAL,
     EventTime,
+    KeyDeadlines,
     ProcessingTime,
     WindowQueue,
     _StatefulLogic,
@@ -110,19 +111,12 @@ class _LookupLogic(_StatefulLogic):
         super().__init__(spec, ctx, resume_state)
         self.event_time = spec.event_time
         self.watermark = self.state.get(self.WM, -math.inf)
-        # one entry per key with waiting records, at the earliest of their times (pushed
-        # again for what is left when it fires); ``_due[key]`` is the key's live entry
-        self.waiting = WindowQueue()
-        self._due: dict = {}
+        # one deadline per key with waiting records, at the earliest of their times (set
+        # again for what is left when it passes)
+        self.waiting = KeyDeadlines()
         for k, v in self.state.items():
             if isinstance(k, tuple) and len(k) == 2 and k[0] == _WAITING and v:
-                self._wait(k[1], min(t for t, _ in v))
-
-    def _wait(self, key, t: float) -> None:
-        """Make sure ``key``'s waiting records are looked at when the watermark passes ``t``."""
-        if t < self._due.get(key, math.inf):
-            self._due[key] = t
-            self.waiting.push(t, key, None)
+                self.waiting.schedule(k[1], min(t for t, _ in v))
 
     def snapshot(self):
         self.state.put(self.WM, self.watermark)
@@ -131,7 +125,7 @@ class _LookupLogic(_StatefulLogic):
     def drop_key(self, key):
         self.state.delete((_TABLE, key))
         self.state.delete((_WAITING, key))
-        self._due.pop(key, None)
+        self.waiting.drop(key)
 
     def process(self, items, event_times):
         raise TypeError(f"step {self.ctx.step_id!r}: a lookup join takes each batch with its "
@@ -209,7 +203,7 @@ class _LookupLogic(_StatefulLogic):
             if what_ == _TABLE:
                 got = _prune(got, wm)
             else:
-                self._wait(key, min(t for t, _ in got))
+                self.waiting.schedule(key, min(t for t, _ in got))
             state.put((what_, key), tuple(got))
         side: dict[str, tuple[Any, np.ndarray | None]] = (
             {"late": (late, np.asarray(late_t, dtype=np.float64))} if late else {})
@@ -236,10 +230,7 @@ class _LookupLogic(_StatefulLogic):
         state, inner = self.state, self.spec.how == "inner"
         out, out_t = [], []
         below = watermark if watermark == math.inf else np.nextafter(watermark, -math.inf)
-        for at, key, _ in self.waiting.pop_until(below):
-            if self._due.get(key) != at:
-                continue  # not the key's live entry (its records went with an earlier one)
-            del self._due[key]
+        for key in self.waiting.pop_until(below):
             waiting = state.get((_WAITING, key))
             if not waiting:
                 continue
@@ -258,7 +249,7 @@ class _LookupLogic(_StatefulLogic):
                 out_t.append(t)
             if keep:
                 state.put((_WAITING, key), tuple(keep))
-                self._wait(key, keep[0][0])  # (sorted: the earliest left)
+                self.waiting.schedule(key, keep[0][0])  # (sorted: the earliest left)
             else:
                 state.delete((_WAITING, key))
             if versions:

@@ -797,3 +797,31 @@ class WindowQueue:
         while heap and heap[0][0] <= watermark:
             fire_at, _, window, _, key = heapq.heappop(heap)
             yield fire_at, key, window
+
+
+class KeyDeadlines:
+    """One live deadline per key (a key's earliest timer), on a :class:`WindowQueue`:
+    scheduling only brings a key's deadline forward, and a popped entry that is no longer
+    the key's live one is skipped. For operators that would otherwise queue one timer per
+    record of a key."""
+
+    def __init__(self):
+        self._queue = WindowQueue()
+        self._due: dict = {}
+
+    def schedule(self, key: Any, t: float) -> None:
+        """Make sure ``key`` is popped once the time passes ``t``."""
+        if t < self._due.get(key, math.inf):
+            self._due[key] = t
+            self._queue.push(t, key, None)
+
+    def drop(self, key: Any) -> None:
+        self._due.pop(key, None)
+
+    def pop_until(self, limit: float):
+        """The keys whose deadline is ``<= limit``, in deadline order (ties by key text),
+        each once; a key scheduled again while this runs, past ``limit``, stays."""
+        for at, key, _ in self._queue.pop_until(limit):
+            if self._due.get(key) == at:
+                del self._due[key]
+                yield key
