@@ -21,7 +21,7 @@ from rayflow.connectors.kafka import count_records, create_topic, produce
 
 
 def build_flow(input_topic: str, output_topic: str, bootstrap: str, partitions: int,
-               sleep_ms: float = 0.0, parallelism: int = 1, client: str = "kafka-python"):
+               sleep_ms: float = 0.0, parallelism: int = 1, client: str = "confluent"):
     """The W2/W3 dataflow: source -> (sleep) -> stamped sink."""
     flow = rf.Dataflow("sleep" if sleep_ms else "identity")
     stream = flow.source(
@@ -61,7 +61,7 @@ def messages(n: int):
 @click.option("--partitions", default=1, show_default=True)
 @click.option("--sleep-ms", default=0.0, show_default=True, help="W3: sleep per record")
 @click.option("--parallelism", default=1, show_default=True)
-@click.option("--client", type=click.Choice(["kafka-python", "confluent"]), default="kafka-python")
+@click.option("--client", type=click.Choice(["confluent", "kafka-python"]), default="confluent")
 def main(address, bootstrap, input_topic, output_topic, records, partitions, sleep_ms,
          parallelism, client):
     run = uuid.uuid4().hex[:8]

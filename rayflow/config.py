@@ -130,29 +130,43 @@ class KafkaOptions(BaseModel):
     bootstrap: str | None = Field(
         None, description="host:port[,host:port] of connectors without bootstrap=; null: "
         "such connectors fail (start the embedded broker with `rayflow kafka up`)")
+    client: Literal["confluent", "kafka-python"] = Field(
+        "confluent", description="the client of every Kafka connector without client=: "
+        "confluent (confluent-kafka on librdkafka, the client of Bytewax and Quix) or "
+        "kafka-python (pure Python; its transactions are about 15x slower here)")
     options: dict[str, Any] = Field(
-        default_factory=dict, description="kafka-python client options for every "
-        "connector with client='kafka-python' (security_protocol, sasl_mechanism, "
-        "ssl_cafile, ...); a connector's own options= win")
-    confluent_options: dict[str, Any] = Field(
-        default_factory=dict, description="librdkafka options for every connector with "
-        "client='confluent' (security.protocol, sasl.mechanisms, ...); a connector's own "
-        "options= win")
+        default_factory=dict, description="client options of every Kafka connector, in "
+        "Kafka's dotted names (security.protocol, sasl.mechanism, sasl.username, "
+        "ssl.ca.location, ...) or kafka-python's (security_protocol, ...): each is "
+        "translated for the connector's client, and one with no counterpart there is an "
+        "error; a connector's own options= win")
     startup_timeout_s: float = Field(
         20.0, gt=0, description="seconds the embedded broker may take to answer after it "
         "starts (`rayflow kafka up`, `rayflow demo`)")
 
-    def client_options(self, client: str, explicit: Mapping[str, Any] | None = None
-                       ) -> dict[str, Any]:
-        """The options a client is built with: this section's for ``client``
-        (``kafka-python`` or ``confluent``), under the connector's ``explicit`` ones."""
-        if client == "confluent":
-            base = self.confluent_options
-        elif client == "kafka-python":
-            base = self.options
-        else:
-            raise ConfigError(f"Kafka client {client!r}: use 'kafka-python' or 'confluent'")
-        return {**base, **(explicit or {})}
+    @model_validator(mode="before")
+    @classmethod
+    def _one_spelling(cls, data: Any) -> Any:
+        if isinstance(data, Mapping) and "confluent_options" in data:
+            raise ConfigError("kafka.confluent_options is gone: put those options in "
+                              "kafka.options, which takes librdkafka's dotted names and "
+                              "kafka-python's, for both clients")
+        return data
+
+    def client_options(self, client: str | None = None,
+                       explicit: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """The options a client is built with: this section's, under the connector's
+        ``explicit`` ones, both in the names of ``client`` (``confluent`` or
+        ``kafka-python``; default: ``kafka.client``).
+
+        Raises:
+            ConfigError: an unknown client, or an option with no counterpart in it.
+        """
+        from rayflow.connectors.kafka.options import for_client
+
+        client = client or self.client
+        return {**for_client(client, self.options, "kafka.options"),
+                **for_client(client, explicit or {}, "the connector's options=")}
 
 
 class StreamOptions(BaseModel):

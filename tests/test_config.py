@@ -248,14 +248,28 @@ def test_step_option_values_are_checked_and_typed():
 
 
 # -- Kafka client options -------------------------------------------------------------------
-def test_kafka_client_options_per_client_under_the_connectors_own():
-    k = KafkaOptions(options={"security_protocol": "SSL", "retries": 1},
-                     confluent_options={"security.protocol": "SSL"})
+def test_kafka_options_are_one_spelling_for_both_clients_under_the_connectors_own():
+    k = KafkaOptions(options={"security.protocol": "SSL", "retries": 1,
+                              "ssl_cafile": "/ca.pem"})
+    assert k.client == "confluent"
+    assert k.client_options() == k.client_options("confluent") == \
+        {"security.protocol": "SSL", "retries": 1, "ssl.ca.location": "/ca.pem"}
     assert k.client_options("kafka-python", {"retries": 5}) == \
-        {"security_protocol": "SSL", "retries": 5}
-    assert k.client_options("confluent") == {"security.protocol": "SSL"}
+        {"security_protocol": "SSL", "retries": 5, "ssl_cafile": "/ca.pem"}
     with pytest.raises(ConfigError, match="Kafka client 'rdkafka'"):
         k.client_options("rdkafka")
+    with pytest.raises(ConfigError, match="kafka.options: option 'ssl.engine.location' has "
+                                          "no kafka-python counterpart"):
+        KafkaOptions(options={"ssl.engine.location": "/e"}).client_options("kafka-python")
+
+
+def test_kafka_confluent_options_is_an_error_that_says_where_they_went():
+    with pytest.raises(ConfigError, match="kafka.confluent_options is gone: put those "
+                                          "options in kafka.options"):
+        load_config(kafka={"confluent_options": {"security.protocol": "SSL"}})
+    assert load_config(kafka={"client": "kafka-python"}).kafka.client == "kafka-python"
+    with pytest.raises(ConfigError, match="client"):
+        load_config(kafka={"client": "librdkafka"})
 
 
 # -- the configuration reaches the running steps -----------------------------------------------

@@ -189,13 +189,14 @@ def format_windows(results: list) -> list[bytes]:
 
 def build_flow(input_topic: str, output_topic: str, bootstrap: str, parallelism: int = 1,
                window: int = 10, name: str = "wordcount", bounded: bool = True,
-               client: Literal["kafka-python", "confluent"] = "kafka-python",
+               client: Literal["confluent", "kafka-python"] | None = None,
                split: bool = False,
-               sink_client: Literal["kafka-python", "confluent"] | None = None) -> rf.Dataflow:
+               sink_client: Literal["confluent", "kafka-python"] | None = None) -> rf.Dataflow:
     """The word count. At parallelism 1 every step runs in one actor (one process, chained);
     ``split=True`` starts the window step in an actor of its own (a second process: parsing
     and counting overlap, as Flink, which never chains across a key_by, runs it).
-    ``sink_client`` is the sink's Kafka client when it differs from the source's."""
+    ``client``: the Kafka client (default the job's ``kafka.client``); ``sink_client`` is
+    the sink's when it differs from the source's."""
     flow = rf.Dataflow(name)
     (flow.source("source", rf.KafkaSource(input_topic, bootstrap=bootstrap, bounded=bounded,
                                           client=client))

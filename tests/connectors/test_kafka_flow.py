@@ -104,30 +104,41 @@ def test_oversize_records_go_to_dead_letters(ray_session, kafka_broker, new_topi
     assert job.metrics()["out"]["dead_letters"] == 1
 
 
-def test_every_client_of_an_exactly_once_sink_gets_the_connection_options(kafka_broker,
-                                                                          new_topic):
+@pytest.mark.parametrize("client,names", [
+    ("confluent", {"proto": "security.protocol", "id": "client.id", "linger": "linger.ms",
+                   "host": "ssl.endpoint.identification.algorithm", "txn": "transactional.id",
+                   "iso": "isolation.level"}),
+    ("kafka-python", {"proto": "security_protocol", "id": "client_id", "linger": "linger_ms",
+                      "host": "ssl_check_hostname", "txn": "transactional_id",
+                      "iso": "isolation_level"})])
+def test_every_client_of_an_exactly_once_sink_gets_the_connection_options(
+        kafka_broker, new_topic, client, names):
     """The producer and the consumer the sink reads its topic back with are both built with
-    the user's security and identity options; producer-only options stay with the producer;
-    the job's kafka.options (config) reach them under the sink's own."""
+    the user's security and identity options, in either spelling, translated for the
+    client; producer-only options stay with the producer; the job's kafka.options (config)
+    reach them under the sink's own."""
     from rayflow.config import load_config, set_current
     from rayflow.operators.base import StepContext
 
     topic = new_topic(1)
     sink = rf.KafkaSink(topic, bootstrap=kafka_broker.bootstrap,
-                        options={"security_protocol": "PLAINTEXT", "client_id": "rf-sec",
+                        options={"security_protocol": "PLAINTEXT", "client.id": "rf-sec",
                                  "linger_ms": 7}, transactional_id_prefix="team-a")
-    set_current(load_config(kafka={"options": {"ssl_check_hostname": False}}))
+    set_current(load_config(kafka={"client": client,
+                                   "options": {"ssl.endpoint.identification.algorithm":
+                                               "none"}}))
     try:
         w = sink.build(StepContext("out", 0, 1, "sec", guarantee="exactly_once", run_id="r1"))
     finally:
         set_current(None)
+    no_check = "none" if client == "confluent" else False
     try:
-        assert w.p.config["transactional_id"] == "team-a-out-0"
+        assert w.p.config[names["txn"]] == "team-a-out-0"
         for built in (w.p.config, w.scanner.options):
-            assert built["security_protocol"] == "PLAINTEXT"
-            assert built["client_id"] == "rf-sec"
-            assert built["ssl_check_hostname"] is False
-        assert w.p.config["linger_ms"] == 7 and "linger_ms" not in w.scanner.options
-        assert w.scanner.options["isolation_level"] == "read_committed"
+            assert built[names["proto"]] == "PLAINTEXT"
+            assert built[names["id"]] == "rf-sec"
+            assert built[names["host"]] == no_check
+        assert w.p.config[names["linger"]] == 7 and names["linger"] not in w.scanner.options
+        assert w.scanner.options[names["iso"]] == "read_committed"
     finally:
         w.close()

@@ -78,7 +78,7 @@ class KafkaImageSink(SinkSpec):
     params: tuple = ()
     chunk_bytes: int = 900_000
     chunking: bool = True
-    client: Literal["kafka-python", "confluent"] = "kafka-python"
+    client: Literal["confluent", "kafka-python"] | None = None
     options: dict = field(default_factory=dict)
     threads: int | None = 1
 
@@ -151,7 +151,7 @@ class KafkaImageSource(SourceSpec):
     start: Literal["earliest", "latest", "committed"] = "earliest"
     group_id: str | None = None
     bounded: bool = False
-    client: Literal["kafka-python", "confluent"] = "kafka-python"
+    client: Literal["confluent", "kafka-python"] | None = None
     options: dict = field(default_factory=dict)
     max_image_bytes: int = 256 * MiB
     max_pending_bytes: int = 512 * MiB

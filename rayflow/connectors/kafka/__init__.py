@@ -1,4 +1,4 @@
-"""Kafka source and sink, with kafka-python (default) or confluent-kafka (the fast option).
+"""Kafka source and sink, with confluent-kafka (librdkafka, the default) or kafka-python.
 
 Partitions are assigned explicitly (no consumer-group rebalancing): the partitions of all
 the source's topics, in (topic, partition) order, are dealt round-robin over the instances,
@@ -7,9 +7,9 @@ so the assignment is deterministic and checkpointed offsets map back to the same
     src = KafkaSource("words", bootstrap="127.0.0.1:9092", start="earliest", bounded=True)
     sink = KafkaSink("counts", bootstrap="127.0.0.1:9092")
 
-Security settings (``security_protocol``, ``sasl_mechanism``, ``ssl_cafile``, ...) go in
-``options`` and are passed to the client unchanged (kafka-python names; for confluent-kafka
-use librdkafka names such as ``security.protocol``).
+Security settings (``security.protocol``, ``sasl.mechanism``, ``ssl.ca.location``, ...) go
+in ``options`` (or the job's ``kafka.options``), in Kafka's dotted names or kafka-python's;
+:mod:`~rayflow.connectors.kafka.options` translates them for the connector's client.
 
 The package by concern: :mod:`~rayflow.connectors.kafka.clients` (the client adapters),
 :mod:`~rayflow.connectors.kafka.source`, :mod:`~rayflow.connectors.kafka.sink` with its

@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
-from rayflow.connectors.kafka.clients import Client
+from rayflow.connectors.kafka.clients import Client, resolve_client
+from rayflow.connectors.kafka.options import for_client
 
 
 def create_topic(bootstrap: str, name: str, partitions: int = 1, exist_ok: bool = True,
                  options: dict | None = None) -> None:
-    """Create ``name`` with ``partitions`` partitions (replication 1)."""
+    """Create ``name`` with ``partitions`` partitions (replication 1). ``options``: client
+    options (security), in either spelling."""
     from kafka.admin import KafkaAdminClient, NewTopic
     from kafka.errors import TopicAlreadyExistsError
 
-    admin = KafkaAdminClient(bootstrap_servers=bootstrap, **(options or {}))
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap,
+                             **for_client("kafka-python", options or {}, "create_topic"))
     try:
         admin.create_topics([NewTopic(name, partitions, 1)])
     except TopicAlreadyExistsError:
@@ -22,13 +25,16 @@ def create_topic(bootstrap: str, name: str, partitions: int = 1, exist_ok: bool 
 
 
 def produce(bootstrap: str, topic: str, values, partitions: int = 1,
-            client: Client = "kafka-python", options: dict | None = None) -> int:
-    """Write ``values`` (bytes) round-robin over ``partitions``; return how many."""
+            client: Client | None = None, options: dict | None = None) -> int:
+    """Write ``values`` (bytes) round-robin over ``partitions``; return how many.
+    ``client``: default the job's ``kafka.client``; ``options`` in either spelling."""
     n = 0
+    client = resolve_client(client, "produce")
+    options = for_client(client, options or {}, "produce")
     if client == "confluent":
         from confluent_kafka import Producer
 
-        p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, **(options or {})})
+        p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, **options})
         for v in values:
             while True:
                 try:
@@ -42,7 +48,7 @@ def produce(bootstrap: str, topic: str, values, partitions: int = 1,
     from kafka import KafkaProducer
 
     p = KafkaProducer(bootstrap_servers=bootstrap, linger_ms=20, batch_size=1 << 20,
-                      **(options or {}))
+                      **options)
     for v in values:
         p.send(topic, v, partition=n % partitions)
         n += 1

@@ -1,5 +1,5 @@
-"""The client adapters: the only code that knows each Kafka client's API (kafka-python,
-the default, and confluent-kafka), behind one consumer and one producer interface; and the
+"""The client adapters: the only code that knows each Kafka client's API (confluent-kafka,
+the default, and kafka-python), behind one consumer and one producer interface; and the
 options every client of a step shares."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from collections.abc import Iterable
 from typing import Literal
 
 Start = Literal["earliest", "latest", "committed"]
-Client = Literal["kafka-python", "confluent"]
+Client = Literal["confluent", "kafka-python"]
 
 
 def default_bootstrap() -> str:
@@ -26,9 +26,25 @@ def default_bootstrap() -> str:
     return bootstrap
 
 
+def resolve_client(client: str | None, where: str) -> Client:
+    """``client``, or the job's ``kafka.client`` when None.
+
+    Raises:
+        ValueError: ``client`` is neither ``confluent`` nor ``kafka-python``.
+    """
+    if client is None:
+        from rayflow.config import current
+
+        return current().kafka.client
+    if client not in ("confluent", "kafka-python"):
+        raise ValueError(f"{where}: client={client!r}; use 'confluent' or 'kafka-python'")
+    return client  # type: ignore[return-value]
+
+
 def _client_options(client: str, options: dict) -> dict:
-    """A connector's client options: the job's ``kafka.options`` (kafka-python) or
-    ``kafka.confluent_options`` (confluent), under the connector's own."""
+    """A connector's client options: the job's ``kafka.options`` under the connector's own,
+    in ``client``'s names (either spelling is accepted; see
+    :mod:`rayflow.connectors.kafka.options`)."""
     from rayflow.config import current
 
     return current().kafka.client_options(client, options)

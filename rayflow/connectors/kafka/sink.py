@@ -18,6 +18,7 @@ from rayflow.connectors.kafka.clients import (
     _KPProducer,
     connection_options,
     default_bootstrap,
+    resolve_client,
 )
 from rayflow.connectors.kafka.transactional import _TransactionalWriter
 from rayflow.connectors.kafka.writer import _KafkaWriter
@@ -37,9 +38,12 @@ class KafkaSink(SinkSpec):
             study's jobs append inTime and outTime to each record this way.
         max_message_bytes: larger records go to the dead-letter output instead of failing
             the producer (Kafka's default limit is 1 MB).
-        client: ``kafka-python`` or ``confluent``.
-        options: extra producer options (security, linger, compression), passed through;
-            the connection and security ones (``security_*``, ``sasl_*``, ``ssl_*``...) also
+        client: ``confluent`` (confluent-kafka) or ``kafka-python``; default: the job's
+            ``kafka.client`` (``confluent``).
+        options: extra producer options (security, linger, compression), in Kafka's dotted
+            names or kafka-python's, translated for the client, on top of the job's
+            ``kafka.options``; the connection and security ones (``security.*``,
+            ``sasl.*``, ``ssl.*``...) also
             reach the consumer an exactly-once sink reads its topic back with.
         max_uncommitted_bytes: exactly-once: the records an instance may hold for commits
             that are not done (the checkpoints' epochs wait for their checkpoint to complete,
@@ -57,26 +61,28 @@ class KafkaSink(SinkSpec):
     key: Callable[[Any], bytes] | None = None
     stamp: Callable[[Any, float, float], Any] | None = None
     max_message_bytes: int = 1_000_000
-    client: Client = "kafka-python"
+    client: Client | None = None
     options: dict = field(default_factory=dict)
     transactional_id_prefix: str | None = None
     max_uncommitted_bytes: int = 64 << 20
 
     def __post_init__(self) -> None:
+        resolve_client(self.client, f"KafkaSink({self.topic!r})")  # a misspelt client fails
         if self.max_uncommitted_bytes <= 0:
             raise ValueError(f"KafkaSink({self.topic!r}): max_uncommitted_bytes must be > 0, "
                              f"got {self.max_uncommitted_bytes}")
 
     def build(self, ctx: StepContext, resume_state: Any = None) -> SinkWriter:
         bootstrap = self.bootstrap or default_bootstrap()
-        cls = _ConfluentProducer if self.client == "confluent" else _KPProducer
-        options = _client_options(self.client, self.options)
+        client = resolve_client(self.client, f"KafkaSink({self.topic!r})")
+        cls = _ConfluentProducer if client == "confluent" else _KPProducer
+        options = _client_options(client, self.options)
         if ctx.guarantee == "exactly_once":
             prefix = self.transactional_id_prefix or f"rayflow-{ctx.job_name}"
             txn_id = f"{prefix}-{ctx.step_id}-{ctx.instance}"
-            scan = (_ConfluentConsumer if self.client == "confluent" else _KPConsumer)(
+            scan = (_ConfluentConsumer if client == "confluent" else _KPConsumer)(
                 bootstrap, None, {**connection_options(options),
-                                  **_READ_COMMITTED[self.client]})
+                                  **_READ_COMMITTED[client]})
             return _TransactionalWriter(self, ctx, cls(bootstrap, options, txn_id),
                                         scan, resume_state)
         return _KafkaWriter(self, ctx, cls(bootstrap, options))

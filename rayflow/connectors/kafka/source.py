@@ -19,6 +19,7 @@ from rayflow.connectors.kafka.clients import (
     _ConfluentConsumer,
     _KPConsumer,
     default_bootstrap,
+    resolve_client,
 )
 from rayflow.operators.base import Rescaled, StepContext
 
@@ -48,8 +49,11 @@ class KafkaSource(SourceSpec):
         bounded: stop at the end offsets seen at start-up (read a pre-filled topic and end
             the job), instead of running until stopped.
         deserializer: bytes -> record; the raw ``bytes`` value when None.
-        client: ``kafka-python`` or ``confluent``.
-        options: extra client options (security settings and tuning), passed through.
+        client: ``confluent`` (confluent-kafka) or ``kafka-python``; default: the job's
+            ``kafka.client`` (``confluent``).
+        options: extra client options (security settings and tuning), in Kafka's dotted
+            names or kafka-python's, translated for the client; on top of the job's
+            ``kafka.options``.
         commit_interval_s: how often a group's offsets are committed.
         with_metadata: records are :class:`KafkaMessage` (partition, offset, value, topic)
             instead of bare values, e.g. to name a bad record's position in a dead letter.
@@ -64,7 +68,7 @@ class KafkaSource(SourceSpec):
     group_id: str | None = None
     bounded: bool = False
     deserializer: Callable[[bytes], Any] | None = None
-    client: Client = "kafka-python"
+    client: Client | None = None
     options: dict = field(default_factory=dict)
     commit_interval_s: float = 5.0
     with_metadata: bool = False
@@ -72,6 +76,7 @@ class KafkaSource(SourceSpec):
     pattern: str | None = None
 
     def __post_init__(self):
+        resolve_client(self.client, "KafkaSource")  # a misspelt client fails here
         given = [n for n in ("topic", "topics", "pattern") if getattr(self, n) is not None]
         if len(given) != 1:
             raise ValueError(f"KafkaSource: give exactly one of topic=, topics= or pattern= "
@@ -104,8 +109,9 @@ class KafkaSource(SourceSpec):
         bootstrap = self.bootstrap or default_bootstrap()
         if self.start == "committed" and not self.group_id:
             raise ValueError(f"KafkaSource({self.name}): start='committed' needs a group_id")
-        consumer = (_ConfluentConsumer if self.client == "confluent" else _KPConsumer)(
-            bootstrap, self.group_id, _client_options(self.client, self.options)
+        client = resolve_client(self.client, f"KafkaSource({self.name})")
+        consumer = (_ConfluentConsumer if client == "confluent" else _KPConsumer)(
+            bootstrap, self.group_id, _client_options(client, self.options)
         )
         return _KafkaReader(self, ctx, consumer, resume_state)
 
