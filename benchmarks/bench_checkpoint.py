@@ -14,6 +14,9 @@ interleaved rounds on the same topic:
   (``channel_target_s=0.25``): less queued, smaller batches;
 - ``unaligned``: ``checkpoint.unaligned``: the barrier overtakes the queued batches, which
   the checkpoint stores instead;
+- ``unaligned, 2 calls``: unaligned, with at most 2 batches in flight per channel
+  (``channel_calls=2``, against 16 by default): less is stored and a barrier waits less
+  for the call in progress at each hop;
 - ``kafka-python``: aligned, the source and the sink on ``client="kafka-python"`` (the
   pure-Python client, rayflow's default before confluent-kafka): the sink commits each
   completed checkpoint's records in one transaction, and this client's producer is slower
@@ -50,6 +53,8 @@ VARIANTS = {  # name -> (stream options, checkpoint options, Kafka client)
     "aligned": ({"channel_target_s": 0.0}, {}, None),
     "debloated": ({"channel_target_s": 0.25}, {}, None),
     "unaligned": ({"channel_target_s": 0.0}, {"unaligned": True}, None),
+    "unaligned, 2 calls": ({"channel_target_s": 0.0, "channel_calls": 2}, {"unaligned": True},
+                           None),
     "kafka-python": ({"channel_target_s": 0.0}, {}, "kafka-python"),
 }
 
