@@ -238,10 +238,14 @@ class Job:
                     {k: self.plan.outputs[k] for k in keys}, dict(handles),
                     {k: self.plan.inputs[k] for k in keys})
                 for head, keys in members.items()
-            ] + [self.coordinator.attach.remote(dict(self.hosts), sources, first_id, latest,
-                                                positions) if only is None else
-                 self.coordinator.resume_region.remote({k: self.hosts[k] for k in only},
-                                                       sources)])
+            ])
+            # the coordinator's clock starts once every task is built and connected (as
+            # Flink triggers checkpoints only when all tasks run): a first checkpoint must
+            # not wait for the actors' start-up
+            ray.get(self.coordinator.attach.remote(dict(self.hosts), sources, first_id, latest,
+                                                   positions) if only is None else
+                    self.coordinator.resume_region.remote({k: self.hosts[k] for k in only},
+                                                          sources))
             # what was in flight at the checkpoint goes first, before the sources read on
             ray.get([self.hosts[head].replay.remote() for head, keys in members.items()
                      if any(k in replays for k in keys)])
