@@ -131,14 +131,14 @@ def for_client(client: str, options: Mapping[str, Any], where: str = "Kafka opti
                 raise ConfigError(
                     f"{where}: option {name!r} has no kafka-python counterpart that rayflow "
                     f"knows; use client='confluent', or write it in kafka-python's name "
-                    f"(the names rayflow translates: docs/streams.md, 'Kafka options')")
+                    f"(the names rayflow translates: docs/streams.md, 'Kafka clients and options')")
             target, conv = _TO_KP[name]
         elif client == "confluent" and kind == "underscored":
             if name not in _TO_RD:
                 raise ConfigError(
                     f"{where}: option {name!r} is kafka-python's and has no librdkafka "
                     f"counterpart that rayflow knows; write it in librdkafka's dotted name "
-                    f"(the names rayflow translates: docs/streams.md, 'Kafka options')")
+                    f"(the names rayflow translates: docs/streams.md, 'Kafka clients and options')")
             target, conv = _TO_RD[name]
         elif kind == "word" and client == "kafka-python" and name in _TO_KP:
             conv = _TO_KP[name][1]
