@@ -107,6 +107,7 @@ class StepTask:
         self.restored_final = False
         self._last_tick = 0.0
         self._snapshots: list[tuple[int, Any]] = []  # this instance's, not yet subsumed
+        self._discard_lock = threading.Lock()  # held while older snapshots are deleted
         self._acks: list = []  # acks sent to the coordinator and maybe not yet handled
         self.emitter: Emitter | None = None
         self._exporter = StepExporter(ctx.job_name, ctx.step_id, ctx.instance)
@@ -504,30 +505,59 @@ class StepTask:
         as with Flink's default no-claim restore. When the checkpoint holds this task's final
         state (``final``), a sink commits everything it holds, and then it is done."""
         if self.step.kind == "sink":
-            # notifications that queued behind a slow commit are folded into one transaction
-            with self._completed_lock:
-                self._completed = max(self._completed, checkpoint_id)
-            with self._commit_lock:
-                if self._key() not in final and self.writer.commits_beside_writes:
-                    # beside the writes: the next epoch's records and barrier go on
-                    self.writer.commit(self._completed)
-                    self.counters.delivered_time = time.time()
-                    return
-                with self._lock:
-                    if self._key() in final:
-                        self.writer.commit(FINAL_EPOCH)
-                        self.counters.delivered_time = time.time()
-                        if self._ended and not self._done.is_set():
-                            self.writer.close()
-                            self._done.set()
-                    else:
-                        self.writer.commit(checkpoint_id)
-                        self.counters.delivered_time = time.time()
+            if self._error is not None:
+                return
+            try:
+                self._commit(checkpoint_id, final)
+            except BaseException as exc:  # noqa: BLE001 - the job learns it from the status
+                # (this call comes from the coordinator, which does not wait for it: raised
+                # here, the error would only be logged, and the sink would wait for ever)
+                exc = unwrap(exc)
+                if not isinstance(exc, (StepError, ray.exceptions.RayError)):
+                    exc = StepError(self.ctx.step_id, self.ctx.instance, "-",
+                                    f"commit after checkpoint {checkpoint_id}: "
+                                    f"{describe_exception(exc)}")
+                self._fail(exc)
         elif self.step.kind == "operator":
+            with self._discard_lock:
+                with self._lock:
+                    old = [h for c, h in self._snapshots if c < checkpoint_id]
+                    self._snapshots = [(c, h) for c, h in self._snapshots if c >= checkpoint_id]
+                for handle in old:
+                    self.logic.discard(handle)
+
+    def _commit(self, checkpoint_id: int, final: frozenset) -> None:
+        # notifications that queued behind a slow commit are folded into one transaction
+        with self._completed_lock:
+            self._completed = max(self._completed, checkpoint_id)
+        with self._commit_lock:
+            if self._key() not in final and self.writer.commits_beside_writes:
+                # beside the writes: the next epoch's records and barrier go on
+                self.writer.commit(self._completed)
+                self.counters.delivered_time = time.time()
+                return
             with self._lock:
-                old = [h for c, h in self._snapshots if c < checkpoint_id]
-                self._snapshots = [(c, h) for c, h in self._snapshots if c >= checkpoint_id]
-            for handle in old:
+                if self._key() in final:
+                    self.writer.commit(FINAL_EPOCH)
+                    self.counters.delivered_time = time.time()
+                    if self._ended and not self._done.is_set():
+                        self.writer.close()
+                        self._done.set()
+                else:
+                    self.writer.commit(checkpoint_id)
+                    self.counters.delivered_time = time.time()
+
+    def release_snapshots(self) -> None:
+        """The job ran to its end: its final checkpoint subsumes every snapshot this
+        instance still keeps, so delete them, once any deletion under way has finished (the
+        notification of the final checkpoint may still be running on another thread when
+        the job ends, and the actor is killed right after)."""
+        if self.step.kind != "operator":
+            return
+        with self._discard_lock:
+            with self._lock:
+                old, self._snapshots = self._snapshots, []
+            for _, handle in old:
                 self.logic.discard(handle)
 
     # -- end of stream -------------------------------------------------------------------
@@ -622,7 +652,12 @@ class StepTask:
         }
 
     def wait_done(self, timeout_s: float | None = None) -> bool:
-        return self._done.wait(timeout_s)
+        """Whether the task ended within ``timeout_s``; a task that ended with an error
+        raises it (a failed task is done too, and must never pass for a finished one)."""
+        done = self._done.wait(timeout_s)
+        if done and self._error is not None:
+            raise self._error
+        return done
 
     def final(self) -> dict:
         """Everything the driver keeps after the run."""
@@ -743,6 +778,11 @@ class StepHost:
     def notify_complete(self, checkpoint_id: int, final: frozenset = frozenset()) -> None:
         for task in self.tasks.values():
             task.notify_complete(checkpoint_id, final)
+
+    @ray.method(concurrency_group="control")
+    def release_snapshots(self) -> None:
+        for task in self.tasks.values():
+            task.release_snapshots()
 
     @ray.method(concurrency_group="control")
     def stop(self) -> None:

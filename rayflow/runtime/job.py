@@ -507,12 +507,26 @@ class Job:
     def _finish_clean(self) -> None:
         self.state = "STOPPED" if self.state == "STOPPING" else "FINISHED"
         self.finished_at = time.time()
+        if self.state == "FINISHED":
+            self._release_snapshots()
         self._teardown()
         if self.state == "FINISHED":
             self._clean_state()
         log.info("job %r %s after %.2f s, %d recoveries", self.flow.name, self.state.lower(),
                  self.finished_at - self.started_at,  # type: ignore[operator]  # (start set it)
                  len(self.recoveries))
+
+    def _release_snapshots(self) -> None:
+        """Before the actors go: each operator deletes the snapshots it still keeps (the
+        final checkpoint subsumes them; ``_clean_state`` then deletes the final one's)."""
+        import ray
+
+        refs = [h.release_snapshots.remote() for h in self.actors()]
+        for ref in refs:
+            try:
+                ray.get(ref, timeout=30)
+            except Exception:  # noqa: BLE001 - best effort: an actor that died after finishing
+                continue
 
     def _clean_state(self) -> None:
         """A job that ran to its end leaves nothing to resume: delete its durable

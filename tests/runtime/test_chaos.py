@@ -241,6 +241,33 @@ def test_coordinator_killed_and_recovered_without_anyone_waiting(ray_session, ka
     assert job.actors() == []  # nothing left running
 
 
+def test_coordinator_lost_after_the_sources_finished(ray_session, kafka_broker):
+    """The coordinator dies after the sources finished, while the barriers they sent still
+    travel through a slow step: the sink's acknowledgements and its last epoch cannot
+    complete without it. The job recovers, and every record is committed once."""
+    import ray
+
+    bs = kafka_broker.bootstrap
+    out = f"chaos-coord-late-{time.time_ns()}"
+    create_topic(bs, out, 2)
+    n = 400
+    flow = rf.Dataflow("chaos-coord-late")
+    (flow.source("src", rf.GeneratorSource(lambda i: i, count=n, rate=400))
+         .map("slow", lambda i: (time.sleep(0.02), i)[1], parallelism=2)  # ~2 s behind
+         .map("fmt", lambda i: str(i).encode(), parallelism=2)
+         .sink("out", rf.KafkaSink(out, bootstrap=bs)))
+    job = rf.run(flow, background=True, stream={"batch_size": 10},
+                 checkpoint={"interval_s": 0.2, "processing_guarantee": "exactly_once"})
+    wait_for(lambda: job.metrics().get("src", {}).get("records_out") == n, 60, every_s=0.02)
+    assert job.metrics()["out"]["records_in"] < n / 2  # the sink is still far behind
+    ray.kill(job.coordinator, no_restart=True)
+    job.wait(240)
+    assert job.status() == "FINISHED" and len(job.recoveries) == 1, job.recoveries
+    got = Counter(int(v) for v in read_values(bs, out, "read_committed"))
+    assert got == Counter(range(n)), ("missing", Counter(range(n)) - got,
+                                      "extra", got - Counter(range(n)))
+
+
 @pytest.mark.slow
 def test_two_kills_the_second_during_recovery(ray_session, kafka_broker, chaos_input,
                                               expected):

@@ -6,6 +6,7 @@ from collections import Counter
 
 import numpy as np
 import pytest
+import ray
 
 import rayflow as rf
 from rayflow.errors import ConfigError, StepError
@@ -158,6 +159,104 @@ class _SlowSink(rf.connectors.base.SinkSpec):
                 time.sleep(0.05)
 
         return W()
+
+
+class _FailsAtEndSink(rf.connectors.base.SinkSpec):
+    """Writes every batch, then fails to flush at its end of stream: with a user error, or
+    with a Ray error (it flushes through ``service``, an actor that has died)."""
+
+    def __init__(self, service=None):
+        self.service = service
+
+    def build(self, ctx, resume_state=None):
+        from rayflow.connectors.base import SinkWriter
+
+        service = self.service
+
+        class W(SinkWriter):
+            def write(self, items, times, in_time):
+                pass
+
+            def flush(self):
+                if service is None:
+                    raise OSError("disk full at the end")
+                ray.get(service.ping.remote())
+
+        return W()
+
+
+def _fails_at_end_flow(sink):
+    f = rf.Dataflow("fails-at-end")
+    # its own actor, two hops from the source
+    (f.source("in", rf.MemorySource(list(range(100))))
+      .map("id", lambda x: x, disable_chaining=True)
+      .sink("out", sink, disable_chaining=True))
+    return f
+
+
+@pytest.mark.parametrize("checkpoint", [
+    {"interval_s": 0, "processing_guarantee": "at_most_once"},
+    {"interval_s": 0.2, "processing_guarantee": "exactly_once"}])
+def test_a_sink_that_fails_at_its_end_fails_the_job(ray_session, checkpoint):
+    """A sink whose last flush fails has ended, but not finished: the job fails, names it,
+    and never reports FINISHED."""
+    with pytest.raises(StepError, match="disk full at the end") as info:
+        rf.run(_fails_at_end_flow(_FailsAtEndSink()), checkpoint=checkpoint, timeout_s=120)
+    assert info.value.step_id == "out"
+
+
+def test_a_sink_lost_to_a_ray_error_at_its_end_is_not_finished(ray_session):
+    """The sink's end of stream fails with a Ray error (what it flushes through has died):
+    the job recovers (a Ray failure), and fails once the restarts are spent. It used to
+    report FINISHED: the error reached the supervisor through the upstream steps, and the
+    sink, having ended, passed for finished, so the error was taken for a death after the
+    end."""
+
+    @ray.remote(num_cpus=0)
+    class Service:
+        def ping(self):
+            return True
+
+    service = Service.remote()
+    ray.get(service.ping.remote())
+    ray.kill(service, no_restart=True)
+    job = rf.run(_fails_at_end_flow(_FailsAtEndSink(service)), background=True,
+                 checkpoint={"interval_s": 0, "max_restarts": 1})
+    with pytest.raises(StepError, match="ActorDiedError|died"):
+        job.wait(120)
+    assert job.status() == "FAILED" and len(job.recoveries) == 1
+
+
+class _RefusesCommitSink(rf.connectors.base.SinkSpec):
+    """A two-phase-commit sink whose commit fails (as a transaction the broker refused)."""
+
+    def build(self, ctx, resume_state=None):
+        from rayflow.connectors.base import SinkWriter
+
+        class W(SinkWriter):
+            def write(self, items, times, in_time):
+                pass
+
+            def uncommitted(self):
+                return True
+
+            def commit(self, checkpoint_id):
+                raise OSError("transaction refused")
+
+        return W()
+
+
+def test_a_sink_whose_commit_fails_fails_the_job(ray_session):
+    """The commit runs on a notification the coordinator does not wait for: its error must
+    still reach the job (it used to be logged only, and the job waited for ever)."""
+    f = rf.Dataflow("commit-fails")
+    (f.source("in", rf.GeneratorSource(lambda i: i, count=2000, rate=2000))
+      .sink("out", _RefusesCommitSink(), disable_chaining=True))
+    with pytest.raises(StepError, match=r"commit after checkpoint \d+: OSError: transaction "
+                                        "refused") as info:
+        rf.run(f, checkpoint={"interval_s": 0.2, "processing_guarantee": "exactly_once"},
+               timeout_s=120)
+    assert info.value.step_id == "out"
 
 
 def test_slow_sink_backpressures_the_source(ray_session):
