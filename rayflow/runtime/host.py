@@ -651,12 +651,14 @@ class StepTask:
             "inflight_bytes": self.emitter.inflight_bytes() if self.emitter else 0,
         }
 
-    def wait_done(self, timeout_s: float | None = None) -> bool:
-        """Whether the task ended within ``timeout_s``; a task that ended with an error
-        raises it (a failed task is done too, and must never pass for a finished one)."""
+    def wait_done(self, timeout_s: float | None = None) -> bool | BaseException:
+        """True once the task finished, False if it still runs after ``timeout_s``; a
+        task that ended with an error returns it (it has ended, but must never pass for
+        finished). Returned, not raised: the job may drop a wait it no longer needs, and a
+        raised error nobody fetched would be logged as unhandled."""
         done = self._done.wait(timeout_s)
         if done and self._error is not None:
-            raise self._error
+            return self._error
         return done
 
     def final(self) -> dict:
@@ -795,7 +797,7 @@ class StepHost:
 
     @ray.method(concurrency_group="control")
     def wait_done(self, timeout_s: float | None = None,
-                  key: tuple[str, int] | None = None) -> bool:
+                  key: tuple[str, int] | None = None) -> bool | BaseException:
         return self._task(key).wait_done(timeout_s)
 
     @ray.method(concurrency_group="control")

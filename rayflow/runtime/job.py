@@ -336,17 +336,17 @@ class Job:
         # every old instance must be gone before the new ones start (teardown waits for
         # that): an old sink that is still alive could commit an epoch the new sink commits too
         self._teardown(keep_coordinator=restore is not None)
+        store = CheckpointStore(self.store_root)  # type: ignore[arg-type]  # (set by start)
         if restore is None:
-            store = CheckpointStore(self.store_root)  # type: ignore[arg-type]  # (set by start)
-            latest = store.latest()
-            if latest is None or (self._latest is not None and
-                                  self._latest.checkpoint_id > latest.checkpoint_id):
-                latest = self._latest  # a resumed job's first checkpoint is not ours yet
-            restore = {"latest": latest,
-                       "next_id": (latest.checkpoint_id if latest else 0) + 1,
-                       "positions": store.positions()}
+            restore = {"latest": None, "next_id": 1, "positions": store.positions()}
             self.coordinator = self._new_coordinator()
-        latest = restore["latest"]
+        # The newest checkpoint anyone knows: a coordinator started by a recovery that failed
+        # before the new tasks were attached to it knows none yet (restoring from nothing
+        # would run everything again, after the sinks had committed part of it), and a
+        # resumed job's first checkpoint is not in its own store yet.
+        latest = _newest(restore["latest"], self._latest, store.latest())
+        restore["latest"] = latest
+        restore["next_id"] = max(restore["next_id"], (latest.checkpoint_id if latest else 0) + 1)
         if latest is not None:
             self._latest = latest
         at_most_once = self.config.checkpoint.processing_guarantee == "at_most_once"
@@ -493,9 +493,12 @@ class Job:
             ready, pending = ray.wait(pending, num_returns=len(pending), timeout=POLL_S)
             for ref in ready:
                 try:
-                    ray.get(ref)
+                    got = ray.get(ref)
                 except Exception as exc:  # noqa: BLE001
                     failure = unwrap(exc)
+                    break
+                if isinstance(got, BaseException):  # a sink that ended with an error
+                    failure = unwrap(got)
                     break
             if failure is None and pending:
                 failure = self._poll_failure()
@@ -719,7 +722,8 @@ class Job:
         import ray
 
         try:
-            return all(ray.get([self.hosts[k].wait_done.remote(0, k) for k in keys], timeout=30))
+            done = ray.get([self.hosts[k].wait_done.remote(0, k) for k in keys], timeout=30)
+            return all(d is True for d in done)  # (an error is not a finish)
         except Exception:  # noqa: BLE001 - a sink is gone: not finished
             return False
 
@@ -875,6 +879,12 @@ class Job:
         first = min((m[s]["first_in_time"] or float("inf")) for s in chosen)
         last = max(m[s]["delivered_time" if delivered else "last_out_time"] for s in chosen)
         return n / (last - first) if last > first else 0.0
+
+
+def _newest(*checkpoints: Any) -> Any:
+    """The checkpoint with the highest id among those given (None ones left out)."""
+    known = [c for c in checkpoints if c is not None]
+    return max(known, key=lambda c: c.checkpoint_id) if known else None
 
 
 def _paths_in(obj: Any) -> list[str]:

@@ -268,6 +268,46 @@ def test_coordinator_lost_after_the_sources_finished(ray_session, kafka_broker):
                                       "extra", got - Counter(range(n)))
 
 
+class _SlowRestoreSink(rf.connectors.base.SinkSpec):
+    """``inner``, whose restored instances take seconds to build: a window in which a
+    recovery has started the new coordinator but not yet attached the new tasks to it."""
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    def build(self, ctx, resume_state=None):
+        if resume_state is not None:
+            time.sleep(4.0)
+        return self.inner.build(ctx, resume_state)
+
+
+def test_a_kill_before_the_new_coordinator_took_over(ray_session, kafka_broker, chaos_input,
+                                                     expected):
+    """The coordinator dies; while the recovery builds the new tasks (before they are
+    attached to the new coordinator, which knows no checkpoint yet), a step dies too. The
+    second recovery restores the last completed checkpoint, not nothing (it used to run
+    everything again, committing the windows the sinks had committed once more)."""
+    import ray
+
+    bs = kafka_broker.bootstrap
+    out = f"chaos-coord-twice-{time.time_ns()}"
+    create_topic(bs, out, 2)
+    job = rf.run(_flow(bs, chaos_input, out, "chaos-coord-twice", 2, _SlowRestoreSink),
+                 background=True, stream={"batch_size": 40},
+                 checkpoint={"interval_s": 0.3, "processing_guarantee": "exactly_once",
+                             "max_restarts": 4})
+    wait_for(lambda: sum(c["status"] == "completed" for c in job.checkpoints()) >= 2, 60)
+    ray.kill(job.coordinator, no_restart=True)
+    wait_for(lambda: job.recoveries and job.actors(), 60, every_s=0.05)
+    time.sleep(1.0)  # the new tasks are being built: the restored sinks take 4 s
+    assert job.recoveries[-1]["restart_s"] is None  # still recovering
+    ray.kill(job.actors()[0], no_restart=True)
+    job.wait(240)
+    assert len(job.recoveries) == 2, job.recoveries
+    assert job.recoveries[1]["restored_checkpoint"] == job.recoveries[0]["restored_checkpoint"]
+    _check("exactly_once", _windows(bs, out), expected, "coordinator, then a step")
+
+
 @pytest.mark.slow
 def test_two_kills_the_second_during_recovery(ray_session, kafka_broker, chaos_input,
                                               expected):
