@@ -191,12 +191,14 @@ def build_flow(input_topic: str, output_topic: str, bootstrap: str, parallelism:
                window: int = 10, name: str = "wordcount", bounded: bool = True,
                client: Literal["confluent", "kafka-python"] | None = None,
                split: bool = False,
-               sink_client: Literal["confluent", "kafka-python"] | None = None) -> rf.Dataflow:
+               sink_client: Literal["confluent", "kafka-python"] | None = None,
+               sink_parallelism: int = 1) -> rf.Dataflow:
     """The word count. At parallelism 1 every step runs in one actor (one process, chained);
     ``split=True`` starts the window step in an actor of its own (a second process: parsing
     and counting overlap, as Flink, which never chains across a key_by, runs it).
     ``client``: the Kafka client (default the job's ``kafka.client``); ``sink_client`` is
-    the sink's when it differs from the source's."""
+    the sink's when it differs from the source's. ``sink_parallelism``: the sink's instances
+    (at ``parallelism`` each is chained to a format instance, in its actor)."""
     flow = rf.Dataflow(name)
     (flow.source("source", rf.KafkaSource(input_topic, bootstrap=bootstrap, bounded=bounded,
                                           client=client))
@@ -208,7 +210,7 @@ def build_flow(input_topic: str, output_topic: str, bootstrap: str, parallelism:
          .map_batches("format", format_windows, parallelism=parallelism)
          .sink("sink", rf.KafkaSink(output_topic, bootstrap=bootstrap,
                                     client=sink_client or client),
-               parallelism=1))
+               parallelism=sink_parallelism))
     return flow
 
 

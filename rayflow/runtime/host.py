@@ -684,15 +684,21 @@ def tune_gc(options: StreamOptions) -> None:
 
 
 # (Ray's overloads of remote() omit concurrency_groups)
-@ray.remote(concurrency_groups={"data": 1, "control": 3})  # type: ignore[call-overload]
+@ray.remote(concurrency_groups={"data": 1, "barrier": 1, "commit": 2, "wait": 4,  # type: ignore[call-overload]
+                                "control": 3})
 class StepHost:
     """The actor of one chain of step instances: its head (a source, or an instance fed by
     other actors) and the instances chained to it, which take their input from the previous
     member by a plain call, as Flink's operator chaining does: no serialization, no Ray call,
     no channel between them. Methods address a member by its key; the head by default.
 
-    Methods run in two concurrency groups: ``data`` (one thread: the source loop, or ``push``
-    calls in arrival order) and ``control`` (status, stop, checkpoints, results).
+    Methods run in concurrency groups, each with threads of its own, so that nothing slow
+    holds up a barrier: ``data`` (one thread: the source loop, or ``push`` calls in arrival
+    order), ``barrier`` (an unaligned checkpoint's barrier, out of band), ``commit``
+    (checkpoint notifications: a sink's commit, which may take long; a second thread folds
+    the notifications that arrive meanwhile into the next one), ``wait`` (the job's waits
+    for its sinks to finish, which block until then) and ``control`` (status, stop,
+    triggers, results).
     """
 
     def __init__(self, members: list[tuple[Step, StepContext, Any]], options: StreamOptions,
@@ -755,7 +761,7 @@ class StepHost:
         with self._data:
             return task.push(msg, sender, seq)
 
-    @ray.method(concurrency_group="control")
+    @ray.method(concurrency_group="barrier")
     def barrier(self, checkpoint_id: int, sender: tuple[str, int], seq: int,
                 target: tuple[str, int] | None = None) -> None:
         """An unaligned checkpoint's barrier, out of band: it follows message ``seq - 1``
@@ -776,7 +782,7 @@ class StepHost:
         if self.head is not None:  # None: its step failed to build, the job is failing
             self.head.trigger_checkpoint(checkpoint_id, stop_after)
 
-    @ray.method(concurrency_group="control")
+    @ray.method(concurrency_group="commit")
     def notify_complete(self, checkpoint_id: int, final: frozenset = frozenset()) -> None:
         for task in self.tasks.values():
             task.notify_complete(checkpoint_id, final)
@@ -795,7 +801,7 @@ class StepHost:
     def status(self, key: tuple[str, int] | None = None) -> dict:
         return self._task(key).status()
 
-    @ray.method(concurrency_group="control")
+    @ray.method(concurrency_group="wait")
     def wait_done(self, timeout_s: float | None = None,
                   key: tuple[str, int] | None = None) -> bool | BaseException:
         return self._task(key).wait_done(timeout_s)
