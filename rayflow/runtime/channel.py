@@ -358,7 +358,7 @@ class Emitter:
     def emit_barrier(self, barrier: Barrier) -> dict[tuple[str, int], tuple]:
         """Pass ``barrier`` on to every downstream instance. Aligned (and for savepoints), in
         order with the batches; unaligned, out of band: it reaches a remote receiver on its
-        control thread, ahead of the batches queued there, and the batches sent on that
+        barrier thread, ahead of the batches queued there, and the batches sent on that
         channel and not yet seen handled are returned, ``{receiver: ((seq, batch), ...)}``,
         to be stored with the checkpoint (see :mod:`rayflow.runtime.inflight`). A chained
         receiver gets it in order: it handled everything sent to it already."""

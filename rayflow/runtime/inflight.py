@@ -2,7 +2,7 @@
 
 With ``checkpoint.unaligned`` (Flink's unaligned checkpoints), a barrier overtakes the
 batches queued in the channels instead of waiting behind them: a sender passes it to its
-receivers out of band, on the actor's control thread, and records the batches it has sent
+receivers out of band, on the actor's barrier thread, and records the batches it has sent
 that the receiver may not have handled yet (the calls still in its window). A receiver
 snapshots as soon as the barrier has arrived from every input that is still running,
 between two messages, and records per input channel how many messages it had handled.

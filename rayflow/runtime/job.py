@@ -482,7 +482,7 @@ class Job:
 
         sinks = [k for k in self.hosts if self.flow.step(k[0]).kind == "sink"]
         # one blocking wait per sink instance and actor: a region failover keeps the other
-        # sinks' actors, and a second wait would hold a second of their control threads
+        # sinks' actors, and a second wait would hold a second of their wait threads
         for k in sinks:
             aid = self.hosts[k]._actor_id
             if self._sink_waits.get(k, (None,))[0] != aid:
