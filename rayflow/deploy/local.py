@@ -21,7 +21,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -32,7 +31,7 @@ from typing import Any
 
 import yaml
 
-from rayflow._procs import free_ports, live, port_open
+from rayflow._procs import end_processes, free_ports, live, port_open
 from rayflow.errors import RayflowError
 
 STATE_DIR = Path(os.environ.get("RAYFLOW_STATE_DIR", Path.home() / ".rayflow"))
@@ -203,31 +202,26 @@ def head_processes(head: LocalHead | dict) -> list[Any]:
 
 def stop_head(head: LocalHead | dict, timeout_s: float = 3.0, remove_temp: bool = True) -> int:
     """End a head by PID: SIGTERM, then SIGKILL what is left after ``timeout_s`` (the
-    ``ray start --block`` process and the monitor ignore SIGTERM). Returns how many."""
-    import psutil
-
+    ``ray start --block`` process and the monitor ignore SIGTERM), and wait until they are
+    gone; then the same for any process of the head that started meanwhile (a worker, a
+    reparented child). Returns how many were ended."""
     h = head if isinstance(head, dict) else head.as_dict()
     procs = head_processes(h)
-    for p in procs:
-        try:
-            p.send_signal(signal.SIGTERM)
-        except psutil.NoSuchProcess:
-            pass
-    deadline = time.monotonic() + timeout_s
-    while live(procs) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    for p in live(procs + head_processes(h)):
-        try:
-            p.kill()
-        except psutil.NoSuchProcess:
-            pass
+    end_processes(procs, timeout_s)
+    ended = {p.pid for p in procs}
+    for _ in range(3):
+        left = head_processes(h)
+        if not left:
+            break
+        end_processes(left, 1.0)
+        ended |= {p.pid for p in left}
     try:  # reap the `ray start` process when it is our child
         os.waitpid(h["pid"], os.WNOHANG)
     except ChildProcessError:
         pass
     if remove_temp and h.get("temp_dir", "").startswith("/tmp/rfh-"):
         shutil.rmtree(h["temp_dir"], ignore_errors=True)
-    return len(procs)
+    return len(ended)
 
 
 def recorded_head() -> dict | None:
