@@ -118,9 +118,13 @@ class CheckpointStore:
             if name != keep:
                 self.fs.delete_dir(self._join(name))
 
-    def latest(self) -> CompletedCheckpoint | None:
+    def latest(self, newer_than: int | None = None) -> CompletedCheckpoint | None:
+        """The newest checkpoint written here; with ``newer_than``, only one with a higher
+        id (None otherwise, without reading it: a checkpoint can be large)."""
         ids = self._ids()
-        return load_checkpoint(self._url(ids[-1][1])) if ids else None
+        if not ids or (newer_than is not None and ids[-1][0] <= newer_than):
+            return None
+        return load_checkpoint(self._url(ids[-1][1]))
 
     # -- at-most-once positions ----------------------------------------------------------
     def write_position(self, task: tuple[str, int], pos: Any) -> None:

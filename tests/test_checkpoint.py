@@ -1,6 +1,6 @@
 """The checkpoint coordinator, as a state machine, without Ray."""
 
-from rayflow.checkpoint import Abort, Complete, Coordinator, Trigger
+from rayflow.checkpoint import Abort, Complete, CompletedCheckpoint, Coordinator, Trigger
 
 TASKS = {("src", 0), ("src", 1), ("sink", 0)}
 
@@ -163,3 +163,18 @@ def test_regions_of_a_plan():
     g.source("a", rf.MemorySource([1]), parallelism=2).map("m", str, parallelism=3) \
         .sink("out", rf.CollectSink(), parallelism=3)  # rebalanced: one region
     assert len(regions(make_plan(g))) == 1
+
+
+def test_the_store_reads_its_newest_checkpoint_only_when_it_is_newer(tmp_path):
+    """A recovery asks the store for a checkpoint newer than the one it knows: the store
+    answers None without loading a checkpoint that is not newer."""
+    from rayflow.checkpoint_store import CheckpointStore
+
+    store = CheckpointStore(str(tmp_path))
+    assert store.latest() is None and store.latest(newer_than=0) is None
+    for cid in (3, 4):
+        store.write(CompletedCheckpoint(cid, {("src", 0): {0: cid}}, 1.0, 2.0),
+                    {"job": "demo", "state_backend": "memory"})
+    assert store.latest().checkpoint_id == 4
+    assert store.latest(newer_than=3).handles == {("src", 0): {0: 4}}
+    assert store.latest(newer_than=4) is None and store.latest(newer_than=9) is None

@@ -344,7 +344,8 @@ class Job:
         # before the new tasks were attached to it knows none yet (restoring from nothing
         # would run everything again, after the sinks had committed part of it), and a
         # resumed job's first checkpoint is not in its own store yet.
-        latest = _newest(restore["latest"], self._latest, store.latest())
+        known = _newest(restore["latest"], self._latest)
+        latest = _newest(known, store.latest(newer_than=known.checkpoint_id if known else None))
         restore["latest"] = latest
         restore["next_id"] = max(restore["next_id"], (latest.checkpoint_id if latest else 0) + 1)
         if latest is not None:
