@@ -5,8 +5,8 @@ Methods run in concurrency groups of their own (see :class:`StepHost`): ``data``
 thread: the source loop, or ``push`` calls in arrival order), ``barrier`` (overtaking
 barriers), ``commit`` (checkpoint notifications and a sink's commits), ``wait`` (the job's
 waits for its sinks) and ``control`` (status, stop, checkpoint triggers, results), so a host
-that is blocked by backpressure still answers the job, and a barrier never waits for a
-commit. Actors reserve ``stream.actor_num_cpus`` CPUs (default 0): a stream's steps mostly wait
+that is blocked by backpressure still answers the job, and a barrier never queues behind
+a commit for a thread. Actors reserve ``stream.actor_num_cpus`` CPUs (default 0): a stream's steps mostly wait
 on each other and on I/O, and with 1 CPU each a graph larger than the core count would never
 be scheduled.
 
