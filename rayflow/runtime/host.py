@@ -1,13 +1,10 @@
 """The operator-host actor: one per chain of step instances (see :mod:`rayflow.runtime.plan`
 for what chains), each instance running a source, an operator or a sink.
 
-Methods run in concurrency groups of their own (see :class:`StepHost`): ``data`` (one
-thread: the source loop, or ``push`` calls in arrival order), ``barrier`` (overtaking
-barriers), ``commit`` (checkpoint notifications and a sink's commits), ``wait`` (the job's
-waits for its sinks) and ``control`` (status, stop, checkpoint triggers, results), so a host
-that is blocked by backpressure still answers the job, and a barrier never queues behind
-a commit for a thread. Actors reserve ``stream.actor_num_cpus`` CPUs (default 0): a stream's steps mostly wait
-on each other and on I/O, and with 1 CPU each a graph larger than the core count would never
+Methods run in concurrency groups of their own (listed at :class:`StepHost`), so a host
+that is blocked by backpressure still answers the job, and a barrier never queues behind a
+commit for a thread. Actors reserve ``stream.actor_num_cpus`` CPUs (default 0): a stream's
+steps mostly wait on each other and on I/O, and with 1 CPU each a graph larger than the core count would never
 be scheduled.
 
 Checkpoints: a source injects ``Barrier(n)`` between batches when the coordinator asks; an
