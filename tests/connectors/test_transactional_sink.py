@@ -157,3 +157,59 @@ def test_a_checkpoint_of_the_earlier_format_still_restores(kafka_broker, new_top
 def test_max_uncommitted_bytes_must_be_positive():
     with pytest.raises(ValueError, match="max_uncommitted_bytes must be > 0"):
         rf.KafkaSink("t", max_uncommitted_bytes=0)
+
+
+def test_a_commit_sends_the_records_it_holds_with_their_keys_and_tags(kafka_broker, new_topic,
+                                                                      monkeypatch):
+    """A live writer commits the records it holds as written, not an unpickled copy of its
+    checkpoint, with each record's key and a tag ``writer:epoch:seq`` counted per epoch."""
+    topic = new_topic(1)
+    w = _writer(kafka_broker, topic, key=lambda v: v[:2])
+    try:
+        w.write(_batch(1, 5), None, 0.0)
+        w.write(_batch(1, 3), None, 0.0)
+        w.snapshot(7)
+        import rayflow.connectors.kafka.transactional as txn
+
+        def no_loads(_blob):
+            raise AssertionError("a live writer unpickled its own epoch")
+
+        monkeypatch.setattr(txn.pickle, "loads", no_loads)
+        w.commit(7)
+        monkeypatch.undo()
+        c = KafkaConsumer(bootstrap_servers=kafka_broker.bootstrap, enable_auto_commit=False,
+                          auto_offset_reset="earliest", isolation_level="read_committed")
+        c.assign([TopicPartition(topic, 0)])
+        got, deadline = [], time.time() + 20
+        while len(got) < 8 and time.time() < deadline:
+            got.extend(r for recs in c.poll(200).values() for r in recs)
+        c.close()
+        assert [(r.key, r.value) for r in got] == [(v[:2], v) for v in
+                                                   _batch(1, 5) + _batch(1, 3)]
+        assert [dict(r.headers)[EPOCH_HEADER] for r in got] == [
+            f"{w.writer}:7:{i}".encode() for i in range(8)]
+    finally:
+        w.close()
+
+
+def test_a_full_producer_queue_resumes_at_the_record_it_refused(kafka_broker, new_topic):
+    """confluent-kafka raises BufferError when its local queue is full: the send waits for
+    deliveries and goes on from the refused record, so none is lost or sent twice."""
+    from rayflow.connectors.kafka.clients import _ConfluentProducer
+
+    topic = new_topic(1)
+    p = _ConfluentProducer(kafka_broker.bootstrap, {"queue.buffering.max.messages": 7})
+    values = [b"%04d" % i for i in range(200)]
+    p.send_many(topic, values, None, [[("h", v)] for v in values])
+    p.send_many(topic, values[:50], [b"k"] * 50)
+    p.close()
+    c = KafkaConsumer(bootstrap_servers=kafka_broker.bootstrap, enable_auto_commit=False,
+                      auto_offset_reset="earliest")
+    c.assign([TopicPartition(topic, 0)])
+    got, deadline = [], time.time() + 20
+    while len(got) < 250 and time.time() < deadline:
+        got.extend(r for recs in c.poll(200).values() for r in recs)
+    c.close()
+    assert [r.value for r in got] == values + values[:50]
+    assert [dict(r.headers)["h"] for r in got[:200]] == values
+    assert [r.key for r in got[200:]] == [b"k"] * 50

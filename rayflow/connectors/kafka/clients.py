@@ -373,16 +373,21 @@ class _ConfluentProducer:
 
     def send_many(self, topic, values, keys, headers=None):
         produce, poll = self.producer.produce, self.producer.poll
-        for i, v in enumerate(values):
-            while True:
-                try:
-                    if headers is None:
-                        produce(topic, v, keys[i] if keys else None)
-                    else:
-                        produce(topic, v, keys[i] if keys else None, headers=headers[i])
-                    break
-                except BufferError:  # local queue full: let delivery reports drain
-                    poll(0.05)
+        n, start = len(values), 0
+        keys = keys or [None] * n
+        i = 0
+        while start < n:
+            try:  # one tight loop per kind; a full queue resumes it at the record it refused
+                if headers is None:
+                    for i in range(start, n):
+                        produce(topic, values[i], keys[i])
+                else:
+                    for i in range(start, n):
+                        produce(topic, values[i], keys[i], headers=headers[i])
+                start = n
+            except BufferError:  # local queue full: let delivery reports drain
+                start = i
+                poll(0.05)
         poll(0)
 
     def flush(self):

@@ -24,7 +24,9 @@ class TransactionalState:
 
     Each epoch's records are pickled once, when it is pre-committed: a later checkpoint
     that still holds the epoch (its commit is under way) carries the same bytes, so a
-    backlog of epochs costs a copy, not a pickle per record per checkpoint.
+    backlog of epochs costs a copy, not a pickle per record per checkpoint. The instance
+    that wrote them commits the records it still holds as written; only a restored one
+    unpickles them.
     ``checkpoint_bytes`` is what this checkpoint added (the new epoch)."""
 
     run: str
@@ -72,6 +74,9 @@ class _TransactionalWriter(_KafkaWriter):
         self.scanner = scanner
         self.buffer: list[tuple[list, list | None]] = []
         self.pending: dict[int, dict] = {}  # epoch -> {"parts": pickled, "low": offsets}
+        # epoch -> its records as written (not pickled): what its commit sends, so that a
+        # commit does not unpickle what this instance still holds; a restored epoch has none
+        self._parts: dict[int, list[tuple[list, list | None]]] = {}
         self._buffer_bytes = 0
         self._room = threading.Condition()  # a commit ended: writes may go on
         self._committing = False
@@ -112,6 +117,7 @@ class _TransactionalWriter(_KafkaWriter):
         if self.buffer:
             blob = pickle.dumps(self.buffer, protocol=pickle.HIGHEST_PROTOCOL)
             self.pending[checkpoint_id] = {"parts": blob, "low": dict(self.low)}
+            self._parts[checkpoint_id] = self.buffer
             self.buffer, self._buffer_bytes = [], 0
             added = len(blob)
         return TransactionalState(self.run, dict(self.pending), added)
@@ -139,23 +145,31 @@ class _TransactionalWriter(_KafkaWriter):
         topic, w = self.spec.topic, self.writer
         for cid in ready:
             seq = 0
-            parts = self.pending[cid]["parts"]
-            if isinstance(parts, bytes):  # (an earlier version's checkpoint holds the list)
-                parts = pickle.loads(parts)
+            parts: Any = self._parts.get(cid)
+            if parts is None:  # restored: only the checkpoint's pickled copy is here
+                parts = self.pending[cid]["parts"]
+                if isinstance(parts, bytes):  # (an earlier version's checkpoint holds the list)
+                    parts = pickle.loads(parts)
+            # the tags ``writer:epoch:seq``, made by one bytes format per record
+            tag = (f"{w}:{cid}:".encode() + b"%d").__mod__
             for values, keys in parts:
-                tags = [f"{w}:{cid}:{seq + i}".encode() for i in range(len(values))]
-                seq += len(values)
+                n = len(values)
                 if skip:
+                    tags = list(map(tag, range(seq, seq + n)))
                     keep = [i for i, t in enumerate(tags) if t not in skip]
                     values = [values[i] for i in keep]
                     keys = [keys[i] for i in keep] if keys else None
-                    tags = [tags[i] for i in keep]
+                    headers = [[(EPOCH_HEADER, tags[i])] for i in keep]
+                else:
+                    headers = [[(EPOCH_HEADER, t)] for t in map(tag, range(seq, seq + n))]
+                seq += n
                 if values:
-                    self.p.send_many(topic, values, keys, [[(EPOCH_HEADER, t)] for t in tags])
+                    self.p.send_many(topic, values, keys, headers)
         self.p.commit()  # flushes first
         with self._room:
             for cid in ready:
                 del self.pending[cid]
+                self._parts.pop(cid, None)
 
     def _recommit(self) -> None:
         """Commit the restored epochs, skipping records of theirs already visible."""
