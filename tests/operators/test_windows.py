@@ -354,3 +354,35 @@ def test_closed_sessions_leave_no_state_even_in_rocksdb(tmp_path, n):
           f"{empty / 1e6:.2f} MB after they closed")
     assert empty < full / 5
     logic.close()
+
+
+@pytest.mark.parametrize("queue", ["WindowQueue", "WindowEnds"])
+def test_the_window_queues_fire_in_time_then_key_order_and_keep_what_a_caller_left(queue):
+    import random
+
+    from rayflow.operators import windows
+
+    rng = random.Random(3)
+    entries = [(float(rng.randrange(5)), f"k{rng.randrange(50)}", (0, rng.randrange(3)))
+               for _ in range(400)]
+    q = getattr(windows, queue)()
+    for t, k, w in entries:
+        q.push(t, k, w)
+    assert len(q) == 400 and q.peek() == min(t for t, _, _ in entries)
+    # as a heap of (time, key text, window, arrival) pops them
+    want = [(t, k, w) for t, k, w, _ in sorted((t, k, w, i) for i, (t, k, w) in
+                                                enumerate(entries))]
+    got = []
+    it = q.pop_until(2.0)
+    for _ in range(5):  # a caller that stops early: the rest stays queued
+        got.append(next(it))
+    it.close()
+    assert len(q) == 395
+    got += list(q.pop_until(2.0))
+    q.push(1.0, "late", None)  # pushed after its time's bucket fired: fires next
+    got += list(q.pop_until(10.0))
+    early = [e for e in want if e[0] <= 2.0]
+    assert got[:len(early)] == early
+    assert got[len(early)] == (1.0, "late", None)
+    assert got[len(early) + 1:] == [e for e in want if e[0] > 2.0]
+    assert len(q) == 0 and q.peek() == float("inf")
