@@ -613,6 +613,7 @@ class _TimeLogic(_StatefulLogic):
                     cache[skey] = add(acc, rec)
                 except Exception as exc:  # noqa: BLE001 - user aggregator
                     dead.append(self.dead(describe_exception(exc), rec))
+                    placed = True  # a dead letter, not also late
                     break
                 placed = True
             if not placed:
@@ -646,12 +647,11 @@ class _TimeLogic(_StatefulLogic):
         if watermark > self.watermark:
             self.watermark = watermark
         agg, out = self.spec.aggregator, []
+        pop = self.state.pop
         for _, key, window in self.fired.pop_until(watermark):
-            skey = ("__w", key, window)
-            acc = self.state.get(skey)
+            acc = pop(("__w", key, window))
             if acc is not None:
                 out.append(WindowResult(key, window[0], window[1], agg.result(acc)))
-                self.state.delete(skey)
                 if self._open is not None and key in self._open:
                     self._open[key].discard(window)
                     if not self._open[key]:

@@ -28,6 +28,14 @@ class KeyValueState(Generic[K, V]):
     def delete(self, key: K) -> None:
         raise NotImplementedError
 
+    def pop(self, key: K) -> V | None:
+        """:meth:`get` then :meth:`delete` of ``key`` (None, and nothing deleted, where
+        absent); backends override it where one call costs less."""
+        value = self.get(key)
+        if value is not None:
+            self.delete(key)
+        return value
+
     def get_many(self, keys: list[K]) -> list[V | None]:
         """:meth:`get` of every key in ``keys`` (None where absent), in order; backends
         override it where a batch of reads costs less than one call each."""
@@ -88,6 +96,9 @@ class _DictState(KeyValueState):
 
     def delete(self, key):
         self.data.pop(key, None)
+
+    def pop(self, key):
+        return self.data.pop(key, None)
 
     def items(self):
         return iter(list(self.data.items()))
@@ -165,6 +176,10 @@ class _MemoryState(_DictState):
     def delete(self, key):
         self.data.pop(key, None)
         self._dirty.add(key)
+
+    def pop(self, key):
+        self._dirty.add(key)
+        return self.data.pop(key, None)
 
     def snapshot(self, checkpoint_id):
         base = self._base

@@ -227,6 +227,32 @@ def test_columnar_count_window_matches_python_over_random_batches_and_a_restore(
     assert rest == sorted((w, seq[w], a[0]) for w, a in open_.items())
 
 
+def test_a_record_whose_aggregation_raises_is_one_dead_letter_and_counts_nowhere(ctx):
+    """Sliding windows: a record belongs to two windows. When the aggregator raises on it,
+    it is a dead letter once (not also late), it counts in none of its windows, and a
+    window that only it would have opened does not appear."""
+    from rayflow.operators.windows import Reduce
+
+    def add(acc, rec):
+        if rec[2] == "bad":
+            raise ValueError("bad record")
+        return acc + 1
+
+    recs = [("a", 1.0, "ok"), ("a", 6.0, "bad"), ("a", 7.0, "ok"), ("b", 12.0, "bad"),
+            ("b", 3.0, "ok")]
+    spec = Windowed(SlidingWindow(10.0, 5.0), Reduce(add, 0), key_fn=lambda r: r[0],
+                    clock=EventTime(timestamp=lambda r: r[1]))
+    logic = spec.build(ctx)
+    out = logic.process(recs, None)
+    assert [d.record for d in out.dead] == [("a", 6.0, "bad"), ("b", 12.0, "bad")]
+    assert "bad record" in out.dead[0].reason and not out.side
+    got = {(r.key, r.start): r.value for r in logic.on_end().items}
+    # plain Python: the good records' windows [s, s + 10) with s a multiple of 5
+    want = Counter((k, float(s)) for k, t, tag in recs if tag == "ok"
+                   for s in range(-5, 15, 5) if s <= t < s + 10)
+    assert got == dict(want)
+
+
 def test_columnar_count_window_null_key_and_null_value_fall_back_per_record(ctx):
     import pyarrow as pa
 

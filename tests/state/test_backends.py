@@ -54,7 +54,7 @@ def test_backend_names_and_errors(tmp_path):
 
 @pytest.mark.parametrize("seed", range(6))
 def test_every_snapshot_restores_the_state_it_was_taken_of(backend, seed):
-    """Random puts (one by one and in batches), deletes and snapshots, restores from any
+    """Random puts (one by one and in batches), deletes, pops and snapshots, restores from any
     earlier snapshot (the memory backend's are incremental: deltas on deltas, full ones when
     the chain grows) and writes after a restore: each snapshot restores exactly the plain
     dict of its moment, and a batched read sees what a read key by key sees."""
@@ -67,9 +67,11 @@ def test_every_snapshot_restores_the_state_it_was_taken_of(backend, seed):
     for cid in range(1, 60):
         for _ in range(rnd.choice([0, 1, 5, 40])):
             k = rnd.randrange(300)
-            if rnd.random() < 0.25:
+            if rnd.random() < 0.15:
                 s.delete(k)
                 model.pop(k, None)
+            elif rnd.random() < 0.12:
+                assert s.pop(k) == model.pop(k, None)
             else:
                 v = (cid, rnd.random()) if rnd.random() < 0.5 else [cid] * rnd.randrange(4)
                 s.put(k, v)
