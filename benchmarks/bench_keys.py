@@ -6,9 +6,18 @@ keys, records/s and memory per key, per state backend, beside a plain-Python bas
 Each configuration runs in a fresh Python process (so its memory figure is its own): the
 window step's logic (``Windowed(TumblingWindow, Count, EventTime)``, as a job's instance runs
 it, without the channels) is fed batches of 10,000 ``(key, t)`` records for two windows,
-every key at least twice per window and at least 400,000 records in all (so the fixed costs
-of a run weigh the same at every size), with a watermark after each batch; the first window
-fires when the second one starts. The figures:
+with a watermark after each batch; a window fires when the next one starts. Two series:
+
+- ``same records``: two windows, every key at least twice per window and at least 400,000
+  records in all (so the fixed costs of a run weigh the same at every size): at 1 k keys a
+  window gets 200 records per key, at 100 k and 1 M keys 2, so what each window costs to open
+  and fire (its state, its result) is spread over fewer records as the keys grow;
+- ``same density``: 2 records per key and window at every size, and as many windows as
+  400,000 records need: the cost of a record, window costs included, is the same at every
+  size, and only the number of windows open at once (one per key) grows. (At 100 k and 1 M
+  keys the two series are the same runs.)
+
+The figures:
 
 - records/s over the whole run (adds, firings, state reads and writes);
 - memory per key: the process's USS growth (psutil) at the peak, when every key's window is
@@ -17,7 +26,8 @@ fires when the second one starts. The figures:
   the same way, in a process of its own (the COST floor).
 
 The target is a cost per record that does not grow with the number of open windows:
-records/s at 1 M keys within 2x of 1 k keys, for each backend.
+records/s at 1 M keys within 2x of 1 k keys, for each backend (``vs_fewest_keys`` within
+each series).
 """
 
 from __future__ import annotations
@@ -47,20 +57,27 @@ QUICK_KEYS = (1_000, 10_000)
 BACKENDS = ("memory", "filesystem", "rocksdb")
 
 
-def per_key_per_window(keys: int, min_records: int) -> int:
-    return max(MIN_PER_KEY_PER_WINDOW, -(-min_records // (keys * WINDOWS)))
+SERIES = ("same records", "same density")
 
 
-def _batches(keys: int, min_records: int):
-    """``(records, event times, watermark)``: window w holds every key the same number of
-    times, keys in turn, at times spread evenly over the window; the watermark trails the
-    batch by 1 ms."""
+def layout(keys: int, min_records: int, series: str) -> tuple[int, int]:
+    """``(records per key and window, windows)`` of a run."""
+    if series == "same density":
+        return MIN_PER_KEY_PER_WINDOW, max(WINDOWS, -(-min_records // (
+            keys * MIN_PER_KEY_PER_WINDOW)))
+    return max(MIN_PER_KEY_PER_WINDOW, -(-min_records // (keys * WINDOWS))), WINDOWS
+
+
+def _batches(keys: int, per_key: int, windows: int):
+    """``(records, event times, watermark)``: window w holds every key ``per_key`` times,
+    keys in turn, at times spread evenly over the window; the watermark trails the batch
+    by 1 ms."""
     import numpy as np
 
-    per_window = keys * per_key_per_window(keys, min_records)
+    per_window = keys * per_key
     dt = WINDOW_S / per_window
     # batches do not straddle windows: after a window's last batch all its keys are open
-    for lo, hi in ((lo, min((w + 1) * per_window, lo + BATCH)) for w in range(WINDOWS)
+    for lo, hi in ((lo, min((w + 1) * per_window, lo + BATCH)) for w in range(windows)
                    for lo in range(w * per_window, (w + 1) * per_window, BATCH)):
         i = np.arange(lo, hi)
         t = i * dt
@@ -76,7 +93,7 @@ def _dir_bytes(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
 
-def run_rayflow(backend: str, keys: int, min_records: int) -> dict:
+def run_rayflow(backend: str, keys: int, per_key: int, windows: int) -> dict:
     """One configuration in this process: the window logic on ``backend``."""
     from operator import itemgetter
 
@@ -86,14 +103,14 @@ def run_rayflow(backend: str, keys: int, min_records: int) -> dict:
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-keys-"))
     spec = Windowed(TumblingWindow(WINDOW_S), Count(), itemgetter(0), EventTime())
-    batches = list(_batches(keys, min_records))  # made before timing and the memory baseline
+    batches = list(_batches(keys, per_key, windows))  # made before timing and the memory baseline
     warm = spec.build(StepContext("warm", 0, 1))  # first-call imports are not the figure
     warm.process(batches[0][0][:10], batches[0][1][:10])
     warm.on_end()
     base = _uss()
     logic = spec.build(StepContext("win", 0, 1, "bench", backend_from_name(backend, str(tmp))))
     peak, disk, fired, n, probed = 0, 0, 0, 0, False
-    half = keys * per_key_per_window(keys, min_records)
+    half = keys * per_key
     t0 = time.perf_counter()
     for recs, times, wm in batches:
         logic.process(recs, times)
@@ -112,44 +129,45 @@ def run_rayflow(backend: str, keys: int, min_records: int) -> dict:
     fired += len(out.items) if out else 0
     secs = time.perf_counter() - t0
     logic.close()
-    assert fired == keys * WINDOWS, (fired, keys)
+    assert fired == keys * windows, (fired, keys)
     return {"records": n, "seconds": secs, "records_s": n / secs,
             "mem_bytes_per_key": peak / keys, "disk_bytes_per_key": disk / keys or None}
 
 
-def run_plain(keys: int, min_records: int) -> dict:
+def run_plain(keys: int, per_key: int, windows: int) -> dict:
     """The baseline: nested dicts ``{window start: {key: count}}``, fired by the watermark."""
-    batches = list(_batches(keys, min_records))
+    batches = list(_batches(keys, per_key, windows))
     base = _uss()
-    windows: dict[float, dict] = {}
+    open_: dict[float, dict] = {}
     peak, fired, n, probed = 0, 0, 0, False
-    half = keys * per_key_per_window(keys, min_records)
+    half = keys * per_key
     t0 = time.perf_counter()
     for recs, _times, wm in batches:
         for key, t in recs:
             start = math.floor(t / WINDOW_S) * WINDOW_S
-            w = windows.get(start)
+            w = open_.get(start)
             if w is None:
-                w = windows[start] = {}
+                w = open_[start] = {}
             w[key] = w.get(key, 0) + 1
-        for start in [s for s in windows if s + WINDOW_S <= wm]:
-            fired += len(windows.pop(start))
+        for start in [s for s in open_ if s + WINDOW_S <= wm]:
+            fired += len(open_.pop(start))
         n += len(recs)
         if n >= half and not probed:
             probed = True
             t_probe = time.perf_counter()
             peak = _uss() - base
             t0 += time.perf_counter() - t_probe
-    fired += sum(len(w) for w in windows.values())
+    fired += sum(len(w) for w in open_.values())
     secs = time.perf_counter() - t0
-    assert fired == keys * WINDOWS, (fired, keys)
+    assert fired == keys * windows, (fired, keys)
     return {"records": n, "seconds": secs, "records_s": n / secs,
             "mem_bytes_per_key": peak / keys}
 
 
-def _in_process(kind: str, keys: int, min_records: int) -> dict:
+def _in_process(kind: str, keys: int, per_key: int, windows: int) -> dict:
     """Run one configuration in a fresh interpreter and return its figures."""
-    out = subprocess.run([sys.executable, __file__, "--worker", f"{kind}:{keys}:{min_records}"],
+    out = subprocess.run([sys.executable, __file__, "--worker",
+                          f"{kind}:{keys}:{per_key}:{windows}"],
                          capture_output=True, text=True, check=False)
     if out.returncode:
         raise RuntimeError(f"{kind} with {keys} keys failed:\n{out.stderr[-3000:]}")
@@ -164,9 +182,10 @@ def _in_process(kind: str, keys: int, min_records: int) -> dict:
 @click.option("--worker", default=None, hidden=True)
 def main(quick: bool, keys_opt: str | None, backends: str, worker: str | None) -> None:
     if worker is not None:  # one configuration, in this fresh process
-        kind, keys, least = worker.split(":")
-        res = (run_plain(int(keys), int(least)) if kind == "plain"
-               else run_rayflow(kind, int(keys), int(least)))
+        kind, keys, per_key, windows = (int(x) if x.isdigit() else x
+                                        for x in worker.split(":"))
+        res = (run_plain(keys, per_key, windows) if kind == "plain"
+               else run_rayflow(kind, keys, per_key, windows))
         print(json.dumps(res))
         return
     names = [b.strip() for b in backends.split(",") if b.strip()]
@@ -177,31 +196,44 @@ def main(quick: bool, keys_opt: str | None, backends: str, worker: str | None) -
         QUICK_KEYS if quick else KEYS)
     least = QUICK_MIN_RECORDS if quick else MIN_RECORDS
     rows, table = [], []
-    plain = {k: _in_process("plain", k, least) for k in sizes}
-    for backend in names:
-        first = None
-        for k in sizes:
-            res = _in_process(backend, k, least)
-            first = first or res["records_s"]
-            row = {"backend": backend, "keys": k, **res,
-                   "plain_records_s": plain[k]["records_s"],
-                   "plain_mem_bytes_per_key": plain[k]["mem_bytes_per_key"],
-                   "vs_plain": ratio(res["records_s"], plain[k]["records_s"]),
-                   "vs_fewest_keys": ratio(res["records_s"], first)}
-            rows.append(row)
-            table.append([backend, k, row["records_s"], row["plain_records_s"],
-                          row["vs_plain"], row["vs_fewest_keys"], row["mem_bytes_per_key"],
-                          row["plain_mem_bytes_per_key"], row["disk_bytes_per_key"]])
-            print(f"{backend} {k:>9,} keys: {row['records_s']:,.0f} records/s", flush=True)
+    done: dict[tuple, dict] = {}  # (kind, keys, per_key, windows) -> figures: run once
+
+    def measure(kind: str, keys: int, series: str) -> dict:
+        conf = (kind, keys, *layout(keys, least, series))
+        if conf not in done:
+            done[conf] = _in_process(*conf)
+        return done[conf]
+
+    for series in SERIES:
+        for backend in names:
+            first = None
+            for k in sizes:
+                per_key, windows = layout(k, least, series)
+                res, plain = measure(backend, k, series), measure("plain", k, series)
+                first = first or res["records_s"]
+                row = {"series": series, "backend": backend, "keys": k,
+                       "per_key_per_window": per_key, "windows": windows, **res,
+                       "plain_records_s": plain["records_s"],
+                       "plain_mem_bytes_per_key": plain["mem_bytes_per_key"],
+                       "vs_plain": ratio(res["records_s"], plain["records_s"]),
+                       "vs_fewest_keys": ratio(res["records_s"], first)}
+                rows.append(row)
+                table.append([series, backend, k, per_key, windows, row["records_s"],
+                              row["plain_records_s"], row["vs_plain"], row["vs_fewest_keys"],
+                              row["mem_bytes_per_key"], row["plain_mem_bytes_per_key"],
+                              row["disk_bytes_per_key"]])
+                print(f"{series}: {backend} {k:>9,} keys: {row['records_s']:,.0f} records/s",
+                      flush=True)
     machine = machine_info()
     print_table(f"Tumbling windows by number of keys (machine: {machine['logical_cores']}-core "
                 f"{machine['cpu_model'] or 'VM'}, load {machine['loadavg_1m']})",
-                ["backend", "keys", "records/s", "plain rec/s", "vs plain", "vs fewest keys",
-                 "B/key", "plain B/key", "disk B/key"], table)
+                ["series", "backend", "keys", "rec/key/window", "windows", "records/s",
+                 "plain rec/s", "vs plain", "vs fewest keys", "B/key", "plain B/key",
+                 "disk B/key"], table)
     # a smoke run or a subset must not overwrite the full run's figures
-    path = write_result("keys" if not (quick or keys_opt) else "keys_quick", {"quick": quick, "window_s": WINDOW_S,
-                                 "min_records": least,
-                                 "windows": WINDOWS, "batch": BATCH, "rows": rows})
+    path = write_result("keys" if not (quick or keys_opt) else "keys_quick",
+                        {"quick": quick, "window_s": WINDOW_S, "min_records": least,
+                         "batch": BATCH, "rows": rows})
     print(f"\nwrote {path}")
 
 
