@@ -16,6 +16,7 @@ PURE = [
     "rayflow", "rayflow.dataflow", "rayflow.config", "rayflow.checkpoint",
     "rayflow.checkpoint_store", "rayflow.batches", "rayflow.metrics",
     "rayflow.operators.base", "rayflow.operators.stateless", "rayflow.operators.windows",
+    "rayflow.operators.windows.logic", "rayflow.operators.keyed", "rayflow.operators.queues",
     "rayflow.operators.watermarks", "rayflow.operators.image", "rayflow.state",
     "rayflow.connectors.base", "rayflow.connectors.memory", "rayflow.connectors.kafka",
     "rayflow.hpc.comm", "rayflow.hpc.cannon_index", "rayflow.hpc.cg_math", "rayflow.hpc.MPI",

@@ -34,20 +34,18 @@ import numpy as np
 
 from rayflow.batches import rows
 from rayflow.operators.base import Logic, OperatorSpec, Output, StepContext, describe_exception
+from rayflow.operators.keyed import _GLOBAL, _StatefulLogic, check_ttl
+from rayflow.operators.queues import KeyDeadlines
 from rayflow.operators.windows import (
-    _GLOBAL,
     Aggregator,
     EventTime,
-    KeyDeadlines,
     ProcessingTime,
     SessionWindow,
     SlidingWindow,
     TumblingWindow,
     Windowed,
-    _StatefulLogic,
-    _times,
-    check_ttl,
 )
+from rayflow.operators.windows.clocks import _times
 
 How = Literal["inner", "left", "outer"]
 LEFT, RIGHT = 0, 1

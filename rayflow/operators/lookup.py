@@ -44,16 +44,9 @@ import numpy as np
 
 from rayflow.batches import num_rows, rows
 from rayflow.operators.base import Logic, OperatorSpec, Output, StepContext, describe_exception
-from rayflow.operators.windows import (
-    _GLOBAL,
-    EventTime,
-    KeyDeadlines,
-    ProcessingTime,
-    WindowQueue,
-    _StatefulLogic,
-    _times,
-    check_ttl,
-)
+from rayflow.operators.keyed import _GLOBAL, _StatefulLogic, check_ttl
+from rayflow.operators.queues import KeyDeadlines, WindowQueue
+from rayflow.operators.windows.clocks import EventTime, ProcessingTime, _times
 
 STREAM, TABLE = 0, 1
 _TABLE, _WAITING = "__t", "__l"

@@ -50,7 +50,7 @@ import numpy as np
 
 from rayflow.batches import rows
 from rayflow.operators.base import Output, StepContext, describe_exception
-from rayflow.operators.windows import _GLOBAL, _StatefulLogic, check_ttl
+from rayflow.operators.keyed import _GLOBAL, _StatefulLogic, check_ttl
 
 EVENT_TIME, PROCESSING_TIME = "event_time", "processing_time"
 _VALUE, _TIMERS = "__v", "__tm"

@@ -23,7 +23,7 @@ import numpy as np
 
 from rayflow.batches import rows
 from rayflow.operators.base import OperatorSpec, Output, StepContext, describe_exception
-from rayflow.operators.windows import TTL, _StatefulLogic, check_ttl
+from rayflow.operators.keyed import TTL, _StatefulLogic, check_ttl
 
 _DROPPED = object()
 

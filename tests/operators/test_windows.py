@@ -386,12 +386,12 @@ def test_closed_sessions_leave_no_state_even_in_rocksdb(tmp_path, n):
 def test_the_window_queues_fire_in_time_then_key_order_and_keep_what_a_caller_left(queue):
     import random
 
-    from rayflow.operators import windows
+    from rayflow.operators import queues
 
     rng = random.Random(3)
     entries = [(float(rng.randrange(5)), f"k{rng.randrange(50)}", (0, rng.randrange(3)))
                for _ in range(400)]
-    q = getattr(windows, queue)()
+    q = getattr(queues, queue)()
     for t, k, w in entries:
         q.push(t, k, w)
     assert len(q) == 400 and q.peek() == min(t for t, _, _ in entries)

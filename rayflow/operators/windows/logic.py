@@ -1,0 +1,377 @@
+"""The window operator: :class:`Windowed` and the logic of count, time and session windows,
+with their state in the step's backend. Pure: no Ray."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from rayflow.batches import key_codes, rows
+from rayflow.operators.base import (
+    Logic,
+    OperatorSpec,
+    Output,
+    StepContext,
+    describe_exception,
+)
+from rayflow.operators.keyed import _GLOBAL, _is_ttl, _StatefulLogic, check_ttl
+from rayflow.operators.queues import WindowEnds, WindowQueue
+from rayflow.operators.windows.aggregators import Aggregator, Reduce
+from rayflow.operators.windows.clocks import EventTime, ProcessingTime, _times
+from rayflow.operators.windows.windowers import (
+    CountWindow,
+    SessionWindow,
+    SlidingWindow,
+    TumblingWindow,
+    WindowResult,
+    result_times,
+)
+
+_MISSING = object()
+
+
+@dataclass(frozen=True)
+class Windowed(OperatorSpec):
+    """A windowed aggregation per key.
+
+    Args:
+        windower: CountWindow, TumblingWindow or SlidingWindow.
+        aggregator: how a window's records become its value.
+        key_fn: record -> key (the stream's ``key_by`` function).
+        clock: ProcessingTime() or EventTime(...); ignored by count windows.
+        ttl_s: remove the state of a key that no record has touched for this many seconds
+            (processing time), its open windows with it, unfired; None: keep it.
+    """
+
+    windower: CountWindow | TumblingWindow | SlidingWindow | SessionWindow
+    aggregator: Aggregator
+    key_fn: Callable[[Any], Any]
+    clock: ProcessingTime | EventTime = ProcessingTime()
+    ttl_s: float | None = None
+
+    def __post_init__(self):
+        check_ttl(self.ttl_s)
+
+    @property
+    def event_time(self) -> bool:
+        """Whether the step fires on watermarks (count windows never do)."""
+        return isinstance(self.clock, EventTime) and not isinstance(self.windower, CountWindow)
+
+    def build(self, ctx: StepContext, resume_state: Any = None) -> Logic:
+        if isinstance(self.windower, CountWindow):
+            return _CountLogic(self, ctx, resume_state)
+        if isinstance(self.windower, SessionWindow):
+            return _SessionLogic(self, ctx, resume_state)
+        if not isinstance(self.windower, (TumblingWindow, SlidingWindow)):
+            raise ValueError(f"step {ctx.step_id!r}: unknown windower {self.windower!r}")
+        return _TimeLogic(self, ctx, resume_state)
+
+
+
+class _CountLogic(_StatefulLogic):
+    def process(self, items, event_times):
+        coded = key_codes(items, self.spec.key_fn) if len(items) else None
+        if coded is not None:
+            out = self._process_columnar(items, *coded)
+            if out is not None:
+                return out
+        spec, state = self.spec, self.state
+        size, agg, key_fn = spec.windower.size, spec.aggregator, spec.key_fn
+        out, dead = [], []
+        # a batch's keys are read from the backend once and written back once, whatever the
+        # backend: per-record state calls dominate the cost otherwise (RocksDB above all)
+        cache: dict = {}
+        for rec in rows(items):
+            try:
+                key = key_fn(rec)
+                e = cache.get(key)
+                if e is None:
+                    st = state.get(key)
+                    e = cache[key] = list(st) if st else [0, agg.create(), 0]
+                e[1] = agg.add(e[1], rec)
+            except Exception as exc:  # noqa: BLE001 - user code
+                dead.append(self.dead(describe_exception(exc), rec))
+                continue
+            e[0] += 1
+            if e[0] >= size:
+                out.append(WindowResult(key, e[2], e[2] + 1, agg.result(e[1])))
+                e[0], e[1], e[2] = 0, agg.create(), e[2] + 1
+        for key, e in cache.items():
+            state.put(key, tuple(e))  # keeps the key's window sequence
+        self.touch(cache)
+        return self.with_expiry(Output(out, None, dead))
+
+    def _process_columnar(self, items, codes: np.ndarray, keys: list) -> Output | None:
+        """Arrow batch keyed by a field, aggregator with ``reduce_segments``: the rows are
+        grouped by key (a stable sort), each key's run is cut where its windows close, and
+        all segments are reduced in one vectorized call. Where the cuts fall, which segments
+        close a window and each window's sequence number are array arithmetic; Python work is
+        per key (its state) and per closed window, not per record or segment. Same windows,
+        same order as record by record. None: fall back to the record path (an aggregator
+        without a vectorized form, or one that failed, e.g. on a null, so that the bad
+        records become dead letters one by one)."""
+        size, agg, state = self.spec.windower.size, self.spec.aggregator, self.state
+        order = np.argsort(codes, kind="stable")
+        counts = np.bincount(codes, minlength=len(keys))
+        present = np.flatnonzero(counts)
+        m = counts[present]
+        run0 = np.cumsum(m) - m  # where each present key's rows begin in sorted order
+        pkeys = [keys[j] for j in present.tolist()]
+        prevs = state.get_many(pkeys)  # per key (n, acc, seq) of its open window, or None
+        n_prev = np.fromiter((p[0] if p else 0 for p in prevs), np.int64, len(prevs))
+        seq_prev = np.fromiter((p[2] if p else 0 for p in prevs), np.int64, len(prevs))
+        # a key's first segment fills its open window; the rest are cut every ``size`` rows
+        first = np.minimum(m, size - n_prev)
+        nseg = 1 + (m - first + size - 1) // size
+        owner = np.repeat(np.arange(len(pkeys)), nseg)
+        seg0 = np.cumsum(nseg) - nseg  # each key's first segment
+        t = np.arange(len(owner)) - seg0[owner]  # a segment's ordinal within its key
+        bounds = run0[owner] + np.where(t == 0, 0, first[owner] + (t - 1) * size)
+        try:
+            accs = agg.reduce_segments(items.take(order), bounds)
+        except Exception:  # noqa: BLE001 - record path: per-record dead letters
+            return None
+        if accs is None:
+            return None
+        ends = np.append(bounds[1:], len(order))
+        filled = ends - bounds + np.where(t == 0, n_prev[owner], 0)  # the window's count
+        merge = agg.merge
+        for i, k in zip(np.flatnonzero(n_prev).tolist(), seg0[n_prev > 0].tolist()):
+            acc = prevs[i][1]  # the key's open window goes on with this batch
+            if acc is not None:
+                accs[k] = merge(acc, accs[k])
+        closed = np.flatnonzero(filled >= size)
+        closed = closed[np.argsort(order[ends[closed] - 1], kind="stable")]  # input order
+        c_own, c_seq = owner[closed].tolist(), (seq_prev[owner[closed]] + t[closed]).tolist()
+        result = agg.result
+        out = [WindowResult(pkeys[o], s, s + 1, result(accs[k]))
+               for o, s, k in zip(c_own, c_seq, closed.tolist())]
+        last = seg0 + nseg - 1
+        ended = (filled[last] >= size).tolist()
+        n_last, seq_last = filled[last].tolist(), (seq_prev + nseg - 1).tolist()
+        create = agg.create
+        state.put_many([(key, (0, create(), s + 1) if done else (n, accs[k], s))
+                        for key, done, n, s, k in zip(pkeys, ended, n_last, seq_last,
+                                                      last.tolist())])
+        self.touch(pkeys)
+        return self.with_expiry(Output(out, None))
+
+    def on_end(self):
+        # partial count windows are emitted at end of stream, as Flink does for a final
+        # watermark: nothing is dropped when a bounded input ends mid-window
+        agg = self.spec.aggregator
+        out = [WindowResult(k, seq, seq + 1, agg.result(acc)) for k, (n, acc, seq) in
+               ((k, v) for k, v in self.state.items() if not _is_ttl(k)) if n]
+        return Output(out, None)
+
+    def on_tick(self, now):
+        return self.with_expiry(None)
+
+
+class _TimeLogic(_StatefulLogic):
+    """Tumbling and sliding windows. State: ``("__w", key, (start, end)) -> acc`` plus the
+    watermark. Open windows also sit in a queue ordered by their end (:class:`WindowEnds`),
+    so a batch costs what it adds and what fires, not a walk over every open window."""
+
+    WM = "__watermark__"
+
+    def routing_key(self, state_key):
+        if isinstance(state_key, tuple) and len(state_key) == 3 and state_key[0] == "__w":
+            return state_key[1]
+        return _GLOBAL
+
+    def __init__(self, spec, ctx, resume_state):
+        super().__init__(spec, ctx, resume_state)
+        self.event_time = isinstance(spec.clock, EventTime)
+        self.watermark = self.state.get(self.WM, -math.inf)
+        self.fired = WindowEnds()
+        # with ttl_s: each key's open windows, so an expired key's windows can be deleted
+        self._open: dict | None = {} if self.ttl_s is not None else None
+        for k, _ in self.state.items():
+            if isinstance(k, tuple) and len(k) == 3 and k[0] == "__w":
+                self.fired.push(k[2][1], k[1], k[2])
+                if self._open is not None:
+                    self._open.setdefault(k[1], set()).add(k[2])
+
+    def drop_key(self, key):
+        for window in (self._open or {}).pop(key, ()):
+            self.state.delete(("__w", key, window))
+
+    def snapshot(self):
+        self.state.put(self.WM, self.watermark)
+        return super().snapshot()
+
+    def process(self, items, event_times):
+        spec, state, agg = self.spec, self.state, self.spec.aggregator
+        dead, late, late_t = [], [], []
+        try:
+            times = _times(spec.clock, items, event_times)
+        except Exception as exc:  # noqa: BLE001 - user timestamp function
+            return Output([], None, [self.dead(describe_exception(exc), items, "batch")])
+        wm = self.watermark
+        cache: dict = {}  # one backend read and write per window and batch
+        # the hot loop's lookups, hoisted
+        key_fn, windows_of, add, get = spec.key_fn, spec.windower.windows_of, agg.add, cache.get
+        push, open_ = self.fired.push, self._open
+        for rec, t in zip(rows(items), times.tolist()):
+            try:
+                key = key_fn(rec)
+            except Exception as exc:  # noqa: BLE001
+                dead.append(self.dead(describe_exception(exc), rec))
+                continue
+            placed = False
+            for window in windows_of(t):
+                if window[1] <= wm:
+                    continue  # that window has closed
+                skey = ("__w", key, window)
+                acc = get(skey, _MISSING)
+                if acc is _MISSING:
+                    acc = state.get(skey)
+                    if acc is None:
+                        acc = agg.create()
+                        push(window[1], key, window)
+                        if open_ is not None:
+                            open_.setdefault(key, set()).add(window)
+                try:
+                    cache[skey] = add(acc, rec)
+                except Exception as exc:  # noqa: BLE001 - user aggregator
+                    dead.append(self.dead(describe_exception(exc), rec))
+                    placed = True  # a dead letter, not also late
+                    break
+                placed = True
+            if not placed:
+                late.append(rec)
+                late_t.append(t)
+        for skey, acc in cache.items():
+            state.put(skey, acc)
+        if self.ttl_s is not None:
+            self.touch({skey[1]: None for skey in cache})
+        side = {"late": (late, np.asarray(late_t, dtype=np.float64))} if late else {}
+        if self.event_time:
+            return self.with_expiry(Output([], None, dead, side))
+        out = self._fire(time.time())  # processing time: the clock is the watermark
+        return self.with_expiry(Output(out.items, out.event_times, dead, side))
+
+    def on_watermark(self, watermark):
+        if not self.event_time or watermark <= self.watermark:
+            return self.with_expiry(None)
+        return self.with_expiry(self._fire(watermark))
+
+    def on_tick(self, now):
+        if self.event_time:
+            return self.with_expiry(None)
+        out = self._fire(now)
+        return self.with_expiry(out if out.items else None)
+
+    def on_end(self):
+        return self._fire(math.inf)
+
+    def _fire(self, watermark: float) -> Output:
+        if watermark > self.watermark:
+            self.watermark = watermark
+        agg, out = self.spec.aggregator, []
+        pop = self.state.pop
+        for _, key, window in self.fired.pop_until(watermark):
+            acc = pop(("__w", key, window))
+            if acc is not None:
+                out.append(WindowResult(key, window[0], window[1], agg.result(acc)))
+                if self._open is not None and key in self._open:
+                    self._open[key].discard(window)
+                    if not self._open[key]:
+                        del self._open[key]
+        return Output(out, result_times(out))
+
+
+class _SessionLogic(_TimeLogic):
+    """Session windows. State: ``("__s", key) -> ((start, end, acc), ...)``, the key's open
+    sessions in order; a key without open sessions has no state at all."""
+
+    def routing_key(self, state_key):
+        if isinstance(state_key, tuple) and len(state_key) == 2 and state_key[0] == "__s":
+            return state_key[1]
+        return _GLOBAL
+
+    def __init__(self, spec, ctx, resume_state):
+        agg = spec.aggregator
+        if isinstance(agg, Reduce) and agg.merge_fn is None:
+            raise ValueError(f"step {ctx.step_id!r}: session windows merge accumulators; "
+                             f"give Reduce a merge_fn")
+        _StatefulLogic.__init__(self, spec, ctx, resume_state)
+        self.event_time = isinstance(spec.clock, EventTime)
+        self.watermark = self.state.get(self.WM, -math.inf)
+        self.fired = WindowQueue()
+        for k, sessions in self.state.items():
+            if isinstance(k, tuple) and len(k) == 2 and k[0] == "__s":
+                for start, end, _ in sessions:
+                    self.fired.push(end, k[1], (start, end))
+
+    def process(self, items, event_times):
+        spec, state, agg = self.spec, self.state, self.spec.aggregator
+        gap = spec.windower.gap_s
+        dead, late, late_t = [], [], []
+        try:
+            times = _times(spec.clock, items, event_times)
+        except Exception as exc:  # noqa: BLE001 - user timestamp function
+            return Output([], None, [self.dead(describe_exception(exc), items, "batch")])
+        wm = self.watermark
+        cache: dict = {}
+        for rec, t in zip(rows(items), times.tolist()):
+            try:
+                key = spec.key_fn(rec)
+                skey = ("__s", key)
+                sessions = cache.get(skey)
+                if sessions is None:
+                    sessions = cache[skey] = list(state.get(skey) or ())
+                start, end, acc = t, t + gap, agg.add(agg.create(), rec)
+                keep = []
+                for s in sessions:  # windows that touch or overlap [t, t + gap) merge
+                    if s[0] <= end and s[1] >= start:
+                        start, end, acc = min(start, s[0]), max(end, s[1]), agg.merge(s[2], acc)
+                    else:
+                        keep.append(s)
+            except Exception as exc:  # noqa: BLE001 - user code
+                dead.append(self.dead(describe_exception(exc), rec))
+                continue
+            if end <= wm:  # even merged, its session has closed
+                late.append(rec)
+                late_t.append(t)
+                continue
+            keep.append((start, end, acc))
+            keep.sort(key=lambda s: s[0])
+            cache[skey] = keep
+            self.fired.push(end, key, (start, end))
+        for skey, sessions in cache.items():
+            if sessions:
+                state.put(skey, tuple(sessions))
+        self.touch(skey[1] for skey in cache)
+        side = {"late": (late, np.asarray(late_t, dtype=np.float64))} if late else {}
+        if self.event_time:
+            return self.with_expiry(Output([], None, dead, side))
+        out = self._fire(time.time())
+        return self.with_expiry(Output(out.items, out.event_times, dead, side))
+
+    def drop_key(self, key):
+        self.state.delete(("__s", key))
+
+    def _fire(self, watermark: float) -> Output:
+        if watermark > self.watermark:
+            self.watermark = watermark
+        agg, out = self.spec.aggregator, []
+        for _, key, window in self.fired.pop_until(watermark):
+            skey = ("__s", key)
+            sessions = self.state.get(skey) or ()
+            rest = [s for s in sessions if (s[0], s[1]) != window]
+            if len(rest) == len(sessions):
+                continue  # merged into a longer session since: its entry fires later
+            acc = next(s[2] for s in sessions if (s[0], s[1]) == window)
+            out.append(WindowResult(key, window[0], window[1], agg.result(acc)))
+            if rest:
+                self.state.put(skey, tuple(rest))
+            else:
+                self.state.delete(skey)
+        return Output(out, result_times(out))
