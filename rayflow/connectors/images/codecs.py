@@ -23,7 +23,8 @@ from rayflow.operators.base import (
     Output,
     StepContext,
 )
-from rayflow.operators.image import CvLogic, Tile
+from rayflow.operators.image.filters import CvLogic
+from rayflow.operators.image.tiling import Tile
 
 MiB = 1 << 20
 Encoded = bytes | bytearray | memoryview  # an encoded image file's bytes

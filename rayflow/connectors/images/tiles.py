@@ -17,7 +17,7 @@ from rayflow.connectors.base import (
 from rayflow.operators.base import (
     StepContext,
 )
-from rayflow.operators.image import Halo, Tile, cut_tile, place_tile, tile_regions
+from rayflow.operators.image.tiling import Halo, Tile, cut_tile, place_tile, tile_regions
 
 # -- out-of-core tiles: images larger than memory ------------------------------------------
 
