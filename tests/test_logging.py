@@ -40,7 +40,7 @@ def test_dead_letters_are_logged_at_info_in_the_worker_log(ray_session):
     assert len(job.dead_letters()) == 7
     lines = _worker_lines(ray_session, repr(step))
     assert lines, "no log line of the step in the worker logs"
-    assert all(ln.startswith("INFO rayflow.runtime.host: ") for ln in lines), lines
+    assert all(ln.startswith("INFO rayflow.runtime.tasks.base: ") for ln in lines), lines
     dead = sum(int(n) for ln in lines for n in re.findall(r": (\d+) dead letters? ", ln))
     assert dead == 7  # every dead letter counted in the lines, per batch
     assert "(first: ValueError: seven divides 7)" in lines[0]

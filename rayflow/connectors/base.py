@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from rayflow.batches import Items
-from rayflow.operators.base import StepContext
+from rayflow.operators.base import DeadLetter, StepContext
 
 
 class SourceReader:
@@ -96,7 +96,10 @@ class SinkWriter:
     #: next epoch's records and barrier do not wait for that.
     commits_beside_writes: bool = False
 
-    def write(self, items: Items, event_times: np.ndarray | None, in_time: float) -> None:
+    def write(self, items: Items, event_times: np.ndarray | None,
+              in_time: float) -> list[DeadLetter] | None:
+        """Write a batch; the records it could not write (too large, say), as dead letters
+        the pipeline goes on without, or None."""
         raise NotImplementedError
 
     def flush(self) -> None:

@@ -20,7 +20,7 @@ from rayflow.runtime.plan import OutEdge
 
 
 def test_push_returns_the_seconds_it_took_only_for_its_own_message():
-    from rayflow.runtime.host import StepTask
+    from rayflow.runtime.tasks import make_task
 
     def slow(r):
         time.sleep(0.01)
@@ -28,7 +28,7 @@ def test_push_returns_the_seconds_it_took_only_for_its_own_message():
 
     f = rf.Dataflow("t")
     f.source("s", rf.MemorySource([1])).map("m", slow).sink("k", rf.CollectSink())
-    task = StepTask(f.step("m"), StepContext("m", 0, 1), StreamOptions())
+    task = make_task(f.step("m"), StepContext("m", 0, 1), StreamOptions())
     task.connect([], {}, [("s", 0)], {})
     took = task.push(Batch([1, 2], None, 0.0), ("s", 0), 0)
     assert isinstance(took, float) and took >= 0.02  # two records of at least 10 ms
@@ -40,7 +40,7 @@ def test_push_returns_the_seconds_it_took_only_for_its_own_message():
 
 
 def test_push_leaves_out_the_time_it_waited_for_downstream_credit(receivers):
-    from rayflow.runtime.host import StepTask
+    from rayflow.runtime.tasks import make_task
 
     def work(r):
         time.sleep(0.01)
@@ -48,7 +48,7 @@ def test_push_leaves_out_the_time_it_waited_for_downstream_credit(receivers):
 
     f = rf.Dataflow("t")
     f.source("s", rf.MemorySource([1])).map("m", work).sink("k", rf.CollectSink())
-    task = StepTask(f.step("m"), StepContext("m", 0, 1), StreamOptions(channel_calls=1))
+    task = make_task(f.step("m"), StepContext("m", 0, 1), StreamOptions(channel_calls=1))
     down = receivers(1, _sleep_then(1.0))  # its own downstream takes 1 s a call
     task.connect([OutEdge("k", "forward", (0,))], {"k": down}, [("s", 0)], {})
     assert task.push(Batch([1, 2], None, 0.0), ("s", 0), 0) >= 0.02
@@ -283,3 +283,16 @@ def test_batch_target_0_sends_source_batches_whole(ray_session, where):
         job = rf.run(_sleep_flow(f"w3-off-{where}", 300, 2, batch_target_s=0))
     got = _by_instance(job.collect("out"))
     assert list(got.values()) == [list(range(300))]  # one batch, one instance
+
+
+def test_a_sinks_backpressure_is_the_time_its_writes_waited_for_commits():
+    """A sink sends nothing on, so its backpressure is its writer's wait for commits (the
+    exactly-once sink's ``waited_s``), not its empty emitter's zero."""
+    from rayflow.runtime.tasks import make_task
+
+    f = rf.Dataflow("t")
+    f.source("s", rf.MemorySource([1])).sink("k", rf.DiscardSink())
+    task = make_task(f.step("k"), StepContext("k", 0, 1), StreamOptions())
+    task.connect([], {}, [("s", 0)], {})
+    task.writer.waited_s = 1.5  # as a writer that waited 1.5 s for running commits
+    assert task.status()["counters"]["backpressure_s"] == 1.5

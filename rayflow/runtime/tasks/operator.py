@@ -1,0 +1,111 @@
+"""The operator task: its logic handles batches, watermarks and ticks, and snapshots its
+state at each barrier."""
+
+from __future__ import annotations
+
+import time
+from typing import Any, cast
+
+from rayflow.batches import (
+    Batch,
+    Tick,
+    Watermark,
+    num_rows,
+)
+from rayflow.operators.base import (
+    DeadLetter,
+    Logic,
+    OperatorSpec,
+    Output,
+)
+from rayflow.runtime.tasks.base import StepTask
+
+
+class OperatorTask(StepTask):
+    """An operator instance: its logic handles batches, watermarks and ticks, and snapshots
+    its state at each barrier."""
+
+    def _build(self, resume_state: Any) -> None:
+        self.logic: Logic = cast(OperatorSpec, self.step.spec).build(self.ctx, resume_state)
+        self.logic.open()
+
+    def _process(self, batch: Batch, sender: tuple[str, int]) -> None:
+        self._emit_output(self.logic.process_input(self._input_index.get(sender[0], 0),
+                                                   batch.items, batch.event_times),
+                          batch.in_time)
+
+    def _emit_output(self, out: Output | None, in_time: float) -> None:
+        if out is None:
+            return
+        if out.dead:
+            self._dead_letters(out.dead)
+        self.counters.state_expired += out.expired
+        m = num_rows(out.items)
+        self.counters.records_out += m
+        if m:
+            self.emitter.emit(Batch(out.items, out.event_times, in_time))
+        for port, (items, times) in out.side.items():
+            k = num_rows(items)
+            if not k:
+                continue
+            self.counters.side_records += k
+            if port in self.emitter.ports():
+                self.emitter.emit(Batch(items, times, in_time), port)
+            else:  # nobody consumes this side output: dead letters, never a silent drop
+                self._dead_letters([DeadLetter(self.ctx.step_id, self.ctx.instance,
+                                               f"{port} record", r, f"side output {port!r}")
+                                    for r in items], force=True)
+
+    def _forward_watermark(self, msg: Watermark | None) -> None:
+        """Fire what the watermark closes, then pass it on, so that the output is never
+        behind it."""
+        if msg is None:
+            return
+        if not msg.idle:
+            t0, ch0 = time.perf_counter(), self.emitter.chained_s
+            self._emit_output(self.logic.on_watermark(msg.time), time.time())
+            self.counters.busy_s += time.perf_counter() - t0 - (self.emitter.chained_s - ch0)
+        self.emitter.emit_control(msg)
+
+    def _on_tick(self, tick: Tick) -> None:
+        self._emit_output(self.logic.on_tick(time.time()), time.time())
+        super()._on_tick(tick)
+
+    def _state(self, checkpoint_id: int) -> Any:
+        handle = self.logic.snapshot()
+        if handle is not None:
+            with self._lock:
+                self._snapshots.append((checkpoint_id, handle))
+        return handle
+
+    def notify_complete(self, checkpoint_id: int, final: frozenset = frozenset()) -> None:
+        """Delete the older snapshots, which the complete checkpoint subsumes (Flink keeps one
+        completed checkpoint too). A snapshot this instance was restored from is not its own
+        and stays, as with Flink's default no-claim restore."""
+        with self._discard_lock:
+            with self._lock:
+                old = [h for c, h in self._snapshots if c < checkpoint_id]
+                self._snapshots = [(c, h) for c, h in self._snapshots if c >= checkpoint_id]
+            for handle in old:
+                self.logic.discard(handle)
+
+    def release_snapshots(self) -> None:
+        """The job ran to its end: its final checkpoint subsumes every snapshot this
+        instance still keeps, so delete them, once any deletion under way has finished (the
+        notification of the final checkpoint may still be running on another thread when
+        the job ends, and the actor is killed right after)."""
+        with self._discard_lock:
+            with self._lock:
+                old, self._snapshots = self._snapshots, []
+            for _, handle in old:
+                self.logic.discard(handle)
+
+    def _end_of_stream(self) -> tuple[Any, bool]:
+        # a savepoint stop keeps open windows in the snapshot instead
+        if self._drain and not self.restored_final:
+            self._emit_output(self.logic.on_end(), time.time())
+        handle = self.logic.snapshot() if self.coordinator is not None else None
+        self.logic.close()
+        self.emitter.emit_eos(self._drain)
+        self.emitter.drain()
+        return handle, False
