@@ -12,13 +12,7 @@ from typing import Any
 import numpy as np
 
 from rayflow.batches import key_codes, rows
-from rayflow.operators.base import (
-    Logic,
-    OperatorSpec,
-    Output,
-    StepContext,
-    describe_exception,
-)
+from rayflow.operators.base import Logic, OperatorSpec, Output, StepContext, describe_exception
 from rayflow.operators.keyed import _GLOBAL, _is_ttl, _StatefulLogic, check_ttl
 from rayflow.operators.queues import WindowEnds, WindowQueue
 from rayflow.operators.windows.aggregators import Aggregator, Reduce

@@ -12,28 +12,14 @@ from typing import Any
 
 import ray
 
-from rayflow.batches import (
-    Barrier,
-    Batch,
-    EndOfStream,
-    Tick,
-    Watermark,
-    brief,
-)
+from rayflow.batches import Barrier, Batch, EndOfStream, Tick, Watermark, brief
 from rayflow.config import StreamOptions
 from rayflow.connectors.base import SinkSpec
 from rayflow.dataflow import Step
 from rayflow.errors import StepError
 from rayflow.metrics import LatencyRecorder, StepCounters, StepExporter, handle_bytes
-from rayflow.operators.base import (
-    DeadLetter,
-    StepContext,
-    describe_exception,
-)
-from rayflow.operators.watermarks import (
-    InputWatermarks,
-    SplitWatermarks,
-)
+from rayflow.operators.base import DeadLetter, StepContext, describe_exception
+from rayflow.operators.watermarks import InputWatermarks, SplitWatermarks
 from rayflow.runtime.alignment import Aligned, BarrierAligner
 from rayflow.runtime.channel import Emitter, unwrap
 from rayflow.runtime.inflight import UnalignedHandle

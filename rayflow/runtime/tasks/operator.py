@@ -6,18 +6,8 @@ from __future__ import annotations
 import time
 from typing import Any, cast
 
-from rayflow.batches import (
-    Batch,
-    Tick,
-    Watermark,
-    num_rows,
-)
-from rayflow.operators.base import (
-    DeadLetter,
-    Logic,
-    OperatorSpec,
-    Output,
-)
+from rayflow.batches import Batch, Tick, Watermark, num_rows
+from rayflow.operators.base import DeadLetter, Logic, OperatorSpec, Output
 from rayflow.runtime.tasks.base import StepTask
 
 

@@ -8,17 +8,10 @@ from typing import Any, cast
 
 import ray
 
-from rayflow.batches import (
-    Barrier,
-    Batch,
-    Tick,
-    Watermark,
-)
+from rayflow.batches import Barrier, Batch, Tick, Watermark
 from rayflow.connectors.base import FINAL_EPOCH, SinkSpec, SinkWriter
 from rayflow.errors import StepError
-from rayflow.operators.base import (
-    describe_exception,
-)
+from rayflow.operators.base import describe_exception
 from rayflow.runtime.channel import unwrap
 from rayflow.runtime.tasks.base import StepTask
 

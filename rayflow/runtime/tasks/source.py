@@ -9,21 +9,9 @@ from typing import Any, cast
 import numpy as np
 import ray
 
-from rayflow.batches import (
-    Barrier,
-    Batch,
-    Tick,
-    Watermark,
-    concat,
-    num_rows,
-    rows,
-)
+from rayflow.batches import Barrier, Batch, Tick, Watermark, concat, num_rows, rows
 from rayflow.connectors.base import SourceReader, SourceSpec
-from rayflow.operators.watermarks import (
-    SourcePosition,
-    SplitWatermarks,
-    split_position,
-)
+from rayflow.operators.watermarks import SourcePosition, SplitWatermarks, split_position
 from rayflow.runtime.channel import BatchSizer, Emitter
 from rayflow.runtime.tasks.base import StepTask
 
