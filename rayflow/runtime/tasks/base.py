@@ -19,7 +19,7 @@ from rayflow.dataflow import Step
 from rayflow.errors import StepError
 from rayflow.metrics import LatencyRecorder, StepCounters, StepExporter, handle_bytes
 from rayflow.operators.base import DeadLetter, StepContext, describe_exception
-from rayflow.operators.watermarks import InputWatermarks, SplitWatermarks
+from rayflow.operators.watermarks import InputWatermarks
 from rayflow.runtime.alignment import Aligned, BarrierAligner
 from rayflow.runtime.channel import Emitter, unwrap
 from rayflow.runtime.inflight import UnalignedHandle
@@ -56,9 +56,6 @@ class StepTask:
         self._stop = threading.Event()
         self._done = threading.Event()
         self._lock = threading.Lock()  # sink writes (data) vs commits (control)
-        self._commit_lock = threading.Lock()  # one sink commit at a time
-        self._completed = 0  # the newest checkpoint known complete (sinks)
-        self._completed_lock = threading.Lock()  # (notifications come on several threads)
         self._error: BaseException | None = None
         self._inputs: list[tuple[str, int]] = []
         self._finished_inputs: set[tuple[str, int]] = set()
@@ -66,21 +63,16 @@ class StepTask:
         self._held: deque = deque()  # (msg, sender) of blocked inputs, in arrival order
         self._next_seq: dict[tuple[str, int], int] = {}  # per input channel
         self._early: dict[tuple[str, int], dict[int, Any]] = {}  # arrived before their turn
-        self._trigger: Barrier | None = None
         self._drain = True  # end of stream flushes open windows, unless after a savepoint
         self._ended = False  # end of stream handled (a committing sink may still hold data)
         # restored from its final state: it drained before the failure, so its end of stream
         # must not flush (emit its open windows) a second time
         self.restored_final = False
         self._last_tick = 0.0
-        self._snapshots: list[tuple[int, Any]] = []  # this instance's, not yet subsumed
-        self._discard_lock = threading.Lock()  # held while older snapshots are deleted
         self._acks: list = []  # acks sent to the coordinator and maybe not yet handled
         # set by connect(), which the host calls before any message or the source loop
         self.emitter: Emitter = None  # type: ignore[assignment]
         self._exporter = StepExporter(ctx.job_name, ctx.step_id, ctx.instance)
-        self._strategy = getattr(step, "watermarks", None)  # sources: EventTime or None
-        self._wm_gen: SplitWatermarks | None = None
         self._valve: InputWatermarks = None  # type: ignore[assignment]  # (connect() sets it)
         self._input_index = {e.upstream: n for n, e in enumerate(step.inputs)}
         self._build(resume_state)

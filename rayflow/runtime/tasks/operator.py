@@ -3,6 +3,7 @@ state at each barrier."""
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Any, cast
 
@@ -16,6 +17,8 @@ class OperatorTask(StepTask):
     its state at each barrier."""
 
     def _build(self, resume_state: Any) -> None:
+        self._snapshots: list[tuple[int, Any]] = []  # this instance's, not yet subsumed
+        self._discard_lock = threading.Lock()  # held while older snapshots are deleted
         self.logic: Logic = cast(OperatorSpec, self.step.spec).build(self.ctx, resume_state)
         self.logic.open()
 

@@ -3,6 +3,7 @@ checkpoint."""
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Any, cast
 
@@ -21,6 +22,9 @@ class SinkTask(StepTask):
     checkpoint holds."""
 
     def _build(self, resume_state: Any) -> None:
+        self._commit_lock = threading.Lock()  # one commit at a time
+        self._completed = 0  # the newest checkpoint known complete
+        self._completed_lock = threading.Lock()  # (notifications come on several threads)
         self.writer: SinkWriter = cast(SinkSpec, self.step.spec).build(self.ctx, resume_state)
 
     def _process(self, batch: Batch, sender: tuple[str, int]) -> None:

@@ -21,6 +21,9 @@ class SourceTask(StepTask):
     for (:meth:`trigger_checkpoint`)."""
 
     def _build(self, resume_state: Any) -> None:
+        self._trigger: Barrier | None = None  # the barrier to inject before the next batch
+        self._strategy = getattr(self.step, "watermarks", None)  # EventTime or None
+        self._wm_gen: SplitWatermarks | None = None
         position, wm_state = split_position(resume_state)
         self.reader: SourceReader = cast(SourceSpec, self.step.spec).build(self.ctx, position)
         if self._strategy is not None:
