@@ -43,6 +43,10 @@ Nexmark suite's SQL (nexmark/nexmark, ``queries/q*.sql``):
 Windows are half-open ``[start, end)`` in event time, in seconds; event times are the
 events' ``date_time`` (ms) / 1000.
 
+One module, over 1,000 lines, on purpose: it is the suite's catalogue, one section per
+query, each flow next to the plain-Python reference it is tested against, in the suite's
+order, so that a query and its reference are read (and reviewed) together.
+
     >>> from rayflow.nexmark.generator import NexmarkConfig, NexmarkGenerator
     >>> events = NexmarkGenerator(NexmarkConfig(seed=1)).rows(range(200))
     >>> len(QUERIES["q0"].reference(events))  # 46 of every 50 events are bids
