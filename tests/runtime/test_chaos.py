@@ -292,11 +292,13 @@ def test_a_kill_before_the_new_coordinator_took_over(ray_session, kafka_broker, 
     bs = kafka_broker.bootstrap
     out = f"chaos-coord-twice-{time.time_ns()}"
     create_topic(bs, out, 2)
+    # small batches: the job must still run when its coordinator dies, on a fast machine too
     job = rf.run(_flow(bs, chaos_input, out, "chaos-coord-twice", 2, _SlowRestoreSink),
-                 background=True, stream={"batch_size": 40},
+                 background=True, stream={"batch_size": 10},
                  checkpoint={"interval_s": 0.3, "processing_guarantee": "exactly_once",
                              "max_restarts": 4})
     wait_for(lambda: sum(c["status"] == "completed" for c in job.checkpoints()) >= 2, 60)
+    assert job.status() == "RUNNING" and job.coordinator is not None, "ended before the kill"
     ray.kill(job.coordinator, no_restart=True)
     wait_for(lambda: job.recoveries and job.actors(), 60, every_s=0.05)
     time.sleep(1.0)  # the new tasks are being built: the restored sinks take 4 s
