@@ -788,7 +788,7 @@ class Job:
         """The job's step actors, one per chain of instances (``hosts`` maps every instance
         to its actor)."""
         seen: dict = {}
-        for h in self.hosts.values():
+        for h in list(self.hosts.values()):  # the supervisor thread may be replacing them
             seen.setdefault(h._actor_id, h)
         return list(seen.values())
 

@@ -299,11 +299,14 @@ def test_a_kill_before_the_new_coordinator_took_over(ray_session, kafka_broker, 
                              "max_restarts": 4})
     wait_for(lambda: sum(c["status"] == "completed" for c in job.checkpoints()) >= 2, 60)
     assert job.status() == "RUNNING" and job.coordinator is not None, "ended before the kill"
+    old = {a._actor_id for a in job.actors()}
     ray.kill(job.coordinator, no_restart=True)
-    wait_for(lambda: job.recoveries and job.actors(), 60, every_s=0.05)
-    time.sleep(1.0)  # the new tasks are being built: the restored sinks take 4 s
+    # the old actors go first (the teardown waits until they are dead), then the new start
+    new = wait_for(lambda: [a for a in job.actors() if a._actor_id not in old], 60,
+                   every_s=0.05)
+    time.sleep(0.5)  # the new tasks are being built: the restored sinks take 4 s
     assert job.recoveries[-1]["restart_s"] is None  # still recovering
-    ray.kill(job.actors()[0], no_restart=True)
+    ray.kill(new[0], no_restart=True)
     job.wait(240)
     assert len(job.recoveries) == 2, job.recoveries
     assert job.recoveries[1]["restored_checkpoint"] == job.recoveries[0]["restored_checkpoint"]

@@ -57,24 +57,43 @@ def produce(bootstrap: str, topic: str, values, partitions: int = 1,
     return n
 
 
-def read_values(bootstrap: str, topic: str, isolation: str = "read_committed") -> list[bytes]:
+def read_values(bootstrap: str, topic: str, isolation: str = "read_committed",
+                timeout_s: float = 60.0) -> list[bytes]:
     """Every value in ``topic`` now, partition by partition (for checks and demos, not for
-    big topics). ``read_committed`` sees only committed transactions."""
+    big topics). ``read_committed`` sees only committed transactions.
+
+    Each partition is read at least to the end offset the broker reports when the call
+    starts, so a slow broker cannot end the read early, and then until a poll returns
+    nothing: some brokers (Tansu 0.x, the embedded default) report the last record batch's
+    base offset + 1 as the end, and the last stable offset as 0 while a transaction is open.
+    Raises TimeoutError, naming the partitions that fell short, after ``timeout_s``."""
+    import time
+
     from kafka import KafkaConsumer, TopicPartition
 
     c = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False,
                       isolation_level=isolation, auto_offset_reset="earliest")
-    parts = sorted(c.partitions_for_topic(topic) or ())
-    c.assign([TopicPartition(topic, p) for p in parts])
-    out: list[bytes] = []
-    idle = 0
-    while idle < 3:
-        got = c.poll(300)
-        idle = 0 if got else idle + 1
-        for recs in got.values():
-            out.extend(r.value for r in recs)
-    c.close()
-    return out
+    try:
+        tps = [TopicPartition(topic, p) for p in sorted(c.partitions_for_topic(topic) or ())]
+        c.assign(tps)
+        ends = c.end_offsets(tps)
+        out: list[bytes] = []
+        deadline = time.monotonic() + timeout_s
+        left = [tp for tp in tps if c.position(tp) < ends[tp]]
+        idle = 0
+        while left or idle < 2:
+            if time.monotonic() > deadline:
+                short = {tp.partition: (c.position(tp), ends[tp]) for tp in left}
+                raise TimeoutError(f"read_values({topic!r}): after {timeout_s:.0f} s these "
+                                   f"partitions are short of their end (at, end): {short}")
+            got = c.poll(300)
+            for recs in got.values():
+                out.extend(r.value for r in recs)
+            left = [tp for tp in left if c.position(tp) < ends[tp]]
+            idle = 0 if got or left else idle + 1
+        return out
+    finally:
+        c.close()
 
 
 def count_records(bootstrap: str, topic: str, isolation: str = "read_uncommitted") -> int:
