@@ -153,6 +153,12 @@ class StepHost:
             self.head.stop()
 
     @ray.method(concurrency_group="control")
+    def exit(self) -> None:
+        """End this actor's process the clean way: on the way out Ray sends its last
+        metrics (ray.kill may cut the process off first, losing the final counts)."""
+        ray.actor.exit_actor()
+
+    @ray.method(concurrency_group="control")
     def status(self, key: tuple[str, int] | None = None) -> dict:
         return self._task(key).status()
 

@@ -29,6 +29,7 @@ from rayflow.runtime.channel import unwrap
 from rayflow.runtime.plan import chains, make_plan
 
 POLL_S = 0.5
+EXIT_GRACE_S = 10.0  # a job that ended well: how long its actors may take to exit by themselves
 log = logging.getLogger(__name__)
 
 
@@ -513,7 +514,7 @@ class Job:
         self.finished_at = time.time()
         if self.state == "FINISHED":
             self._release_snapshots()
-        self._teardown()
+        self._teardown(clean=True)
         if self.state == "FINISHED":
             self._clean_state()
         log.info("job %r %s after %.2f s, %d recoveries", self.flow.name, self.state.lower(),
@@ -799,10 +800,20 @@ class Job:
             out[(self.chains[key[0]], key[1])].append(key)
         return out
 
-    def _teardown(self, keep_coordinator: bool = False) -> None:
+    def _teardown(self, keep_coordinator: bool = False, clean: bool = False) -> None:
+        """Kill every step actor (and the coordinator unless kept) and wait until they are
+        dead. ``clean`` (a job that ended well): each actor first exits by itself, so that
+        Ray exports its last metrics; one still alive after EXIT_GRACE_S is killed."""
         import ray
 
         actors = self.actors()
+        if clean and actors:
+            for h in actors:
+                try:
+                    h.exit.remote()
+                except Exception:  # noqa: BLE001 - already gone
+                    pass
+            _wait_dead(actors, timeout_s=EXIT_GRACE_S)
         if not keep_coordinator and self.coordinator is not None:
             actors.append(self.coordinator)
             self.coordinator = None
