@@ -52,7 +52,7 @@ def _cannon_with_fault(comm, a, b):
     """Cannon whose rank 1 is killed (ray.kill) after its first GEMM on the first attempt."""
     import ray
 
-    from rayflow.hpc.cannon import cannon_rank
+    from rayflow.hpc.algorithms.cannon import cannon_rank
 
     if comm.attempt == 0 and comm.rank == 1:
         _ = a @ b
@@ -65,7 +65,7 @@ def measure_recovery(n: int, p: int, reps: int) -> dict:
     """One rank killed after its first GEMM vs the failure-free run, medians of ``reps``
     pairs; every run starts its own gang (the start is most of either time at small n)."""
     from rayflow.hpc import BlockDataset, cannon_matmul, mpimap
-    from rayflow.hpc.cannon_index import skew_a_source, skew_b_source
+    from rayflow.hpc.algorithms.cannon_index import skew_a_source, skew_b_source
 
     a = np.random.default_rng(1).standard_normal((n, n))
     A = BlockDataset.from_numpy(a, (p, p))
@@ -247,7 +247,7 @@ def run(sizes: list[int], grids: list[int], reps: int, backends: list[str],
 def main(quick: bool, reps: int, backends: tuple[str, ...], memory_sizes: tuple[int, ...],
          recovery_only: bool) -> None:
     """Run the W5 benchmark and write benchmarks/results/cannon.json."""
-    from rayflow.hpc.gloo_backend import gloo_available
+    from rayflow.hpc.backends.gloo_backend import gloo_available
 
     if recovery_only:
         import json

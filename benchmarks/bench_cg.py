@@ -5,7 +5,7 @@ Usage: ``python benchmarks/bench_cg.py [--quick] [--sizes 1024,4096,8192] [--rep
 A dense SPD matrix (symmetric random plus a diagonal shift) is distributed in row blocks
 before timing; each solver runs exactly ``--iters`` iterations (tol 0) so the per-iteration
 time is comparable. 1 BLAS thread per rank/worker; numpy CG (the same recurrence,
-:mod:`rayflow.hpc.cg_math`) runs in this process with 1 thread. Also measures the collective
+:mod:`rayflow.hpc.algorithms.cg_math`) runs in this process with 1 thread. Also measures the collective
 latencies behind the gap between the two backends.
 """
 
@@ -58,7 +58,7 @@ def run(sizes: list[int], ranks: int, iters: int, reps: int, backends: list[str]
 
     from rayflow._raycontext import ensure_ray
     from rayflow.hpc import BlockDataset, Gang, broadcast_cg, cg_solve, mpimap
-    from rayflow.hpc.cg_math import conjugate_gradient
+    from rayflow.hpc.algorithms.cg_math import conjugate_gradient
 
     ensure_ray(None, num_cpus=8)
     rows, lat = [], []
@@ -145,7 +145,7 @@ def run(sizes: list[int], ranks: int, iters: int, reps: int, backends: list[str]
 def main(quick: bool, ranks: int, iters: int, reps: int, backends: tuple[str, ...],
          sizes: str | None) -> None:
     """Run the W6 benchmark and write benchmarks/results/cg.json."""
-    from rayflow.hpc.gloo_backend import gloo_available
+    from rayflow.hpc.backends.gloo_backend import gloo_available
 
     if sizes is not None:
         try:

@@ -100,16 +100,16 @@ def _rayflow_rank(comm, block, cases):
 
 def _paths(comm, ray) -> dict:
     """Ping-pong of large arrays through the ring, a segment, and Ray's object store."""
-    from rayflow.hpc import channels
+    from rayflow.hpc.backends import links
 
-    res, keep = {}, channels.SEGMENT_BYTES
+    res, keep = {}, links.SEGMENT_BYTES
     try:
         for nbytes in (64 * KIB, 256 * KIB, 512 * KIB, MIB, 4 * MIB, 16 * MIB):
             x = np.ones(nbytes // 8)
             for path in ("ring", "segment", "object store"):
                 if path == "ring" and nbytes > 512 * KIB:  # a record must fit the 1 MiB ring
                     continue
-                channels.SEGMENT_BYTES = 1 << 40 if path == "ring" else 0
+                links.SEGMENT_BYTES = 1 << 40 if path == "ring" else 0
                 ts = []
                 try:
                     _pingpong_path(comm, ray, x, path, ts)
@@ -118,7 +118,7 @@ def _paths(comm, ray) -> dict:
                     continue
                 res[f"{path} {nbytes}"] = median(ts[2:]) * 1e6
     finally:
-        channels.SEGMENT_BYTES = keep
+        links.SEGMENT_BYTES = keep
     return res
 
 
@@ -178,8 +178,8 @@ def gang_start_s() -> dict:
 
 def message_cost() -> dict:
     """Where a small message's time goes: one process, no waiting (microseconds each)."""
-    from rayflow.hpc import shm
-    from rayflow.hpc.channels import Endpoint, Mailbox, node_info
+    from rayflow.hpc.backends import shm
+    from rayflow.hpc.backends.channels import Endpoint, Mailbox, node_info
     from rayflow.hpc.comm import Communicator
 
     n = 20000
@@ -221,9 +221,10 @@ def allreduce_cost(nbytes: int = MIB) -> dict:
     """Where a large 2-rank allreduce's time goes, one process, no waiting (microseconds):
     the whole of one rank's half as the communicator runs it, then its parts, and what the
     parts cost before segments were reused and results written into a given buffer."""
-    from rayflow.hpc import shm
-    from rayflow.hpc.channels import Endpoint, Mailbox, _encode, node_info
-    from rayflow.hpc.comm import _Fold
+    from rayflow.hpc.backends import shm
+    from rayflow.hpc.backends.channels import Endpoint, Mailbox, node_info
+    from rayflow.hpc.backends.wire import _encode
+    from rayflow.hpc.reduce import _Fold
 
     n = 200
     infos = [node_info("n"), node_info("n")]

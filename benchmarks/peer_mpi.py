@@ -78,7 +78,7 @@ def cannon(n: int, reps: int) -> dict | None:
 def cg(n: int, reps: int, iters: int) -> dict | None:
     from bench_cg import _spd
 
-    from rayflow.hpc.cg_math import conjugate_gradient
+    from rayflow.hpc.algorithms.cg_math import conjugate_gradient
 
     comm = MPI.COMM_WORLD
     size, rank = comm.Get_size(), comm.Get_rank()

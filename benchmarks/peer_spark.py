@@ -12,7 +12,7 @@ materialised before timing. Prints one line ``PEER-RESULT {json}``.
   timed region. Median seconds, GFLOP/s, error against numpy (n <= CHECK_MAX_N).
 - ``cg``: the study's Spark CG baseline: A as ``ranks`` cached row blocks, each iteration the
   driver broadcasts p, a map computes ``A_r @ p``, the driver collects q and does the vector
-  updates (:func:`rayflow.hpc.cg_math.conjugate_gradient`). Median ms per iteration. Note:
+  updates (:func:`rayflow.hpc.algorithms.cg_math.conjugate_gradient`). Median ms per iteration. Note:
   pyspark caches a Python RDD as pickled bytes in the JVM, so every task unpickles its row
   block (one copy of it) before the mat-vec; a Scala job would keep it deserialised.
 
@@ -167,7 +167,7 @@ def cannon(n: int, ranks: int, reps: int) -> dict:
 def cg(n: int, ranks: int, reps: int, iters: int) -> dict:
     from bench_cg import _spd
 
-    from rayflow.hpc.cg_math import conjugate_gradient
+    from rayflow.hpc.algorithms.cg_math import conjugate_gradient
 
     a, b = _spd(n, seed=n)
     with threadpool_limits(1, user_api="blas"):

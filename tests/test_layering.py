@@ -20,7 +20,10 @@ PURE = [
     "rayflow.operators.watermarks", "rayflow.operators.image", "rayflow.operators.image.tiling",
     "rayflow.state",
     "rayflow.connectors.base", "rayflow.connectors.memory", "rayflow.connectors.kafka",
-    "rayflow.hpc.comm", "rayflow.hpc.cannon_index", "rayflow.hpc.cg_math", "rayflow.hpc.MPI",
+    "rayflow.hpc.comm", "rayflow.hpc.reduce", "rayflow.hpc.MPI", "rayflow.hpc.algorithms",
+    "rayflow.hpc.algorithms.cannon_index", "rayflow.hpc.algorithms.cg_math",
+    "rayflow.hpc.backends", "rayflow.hpc.backends.transport", "rayflow.hpc.backends.wire",
+    "rayflow.hpc.backends.links", "rayflow.hpc.backends.channels", "rayflow.hpc.backends.shm",
     "rayflow.examples.wordcount", "rayflow.runtime.alignment", "rayflow.runtime.plan",
     "rayflow.runtime.inflight",
 ]
@@ -52,6 +55,16 @@ def test_lower_layers_do_not_import_the_runtime(package):
     for path in (PKG / package).rglob("*.py"):
         bad = {m for m in _top_level_imports(path)
                if m.startswith(("rayflow.runtime", "rayflow.deploy", "rayflow.cli"))}
+        assert not bad, f"{path.relative_to(PKG.parent)} imports {sorted(bad)} at load time"
+
+
+def test_hpc_backends_import_nothing_above_them():
+    """The transport layer knows no communicator, stage or algorithm: the collectives are
+    written over it (``hpc/comm.py``), not it over them."""
+    allowed = ("rayflow.hpc.backends", "rayflow.hpc.reduce")
+    for path in (PKG / "hpc" / "backends").rglob("*.py"):
+        bad = {m for m in _top_level_imports(path)
+               if m.startswith("rayflow.") and not m.startswith(allowed)}
         assert not bad, f"{path.relative_to(PKG.parent)} imports {sorted(bad)} at load time"
 
 

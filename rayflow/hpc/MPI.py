@@ -18,7 +18,7 @@ Point-to-point follows MPI's matching rules: messages between a pair of ranks in
 communicator are numbered, and a receive takes the first message that matches its source
 and tag, so messages of one (source, tag) never overtake each other; receives posted earlier
 (``irecv``) match first. :data:`ANY_SOURCE` needs a receive that can look at any peer without
-blocking: the transport's optional ``try_recv(src, key)`` (see :mod:`rayflow.hpc.comm`), which
+blocking: the transport's optional ``try_recv(src, key)`` (see :mod:`rayflow.hpc.backends.transport`), which
 the module polls; a transport without it raises ``NotImplementedError`` for ``ANY_SOURCE``.
 Collectives run on :class:`rayflow.hpc.comm.Communicator` and are matched in call order.
 
@@ -49,6 +49,8 @@ from typing import Any
 import numpy as np
 
 from rayflow.hpc import comm as _comm
+from rayflow.hpc import reduce as _reduce
+from rayflow.hpc.backends import transport as _transport
 
 # ------------------------------------------------------------------------------ constants
 # The values of Open MPI, whose PROC_NULL (-2) rayflow's communicator already uses.
@@ -208,8 +210,8 @@ class Op:
 
 SUM = Op("SUM", _seq_or_array(np.add, operator.add), "sum")
 PROD = Op("PROD", _seq_or_array(np.multiply, operator.mul), "prod")
-MIN = Op("MIN", _seq_or_array(np.minimum, _comm._py_min), "min")
-MAX = Op("MAX", _seq_or_array(np.maximum, _comm._py_max), "max")
+MIN = Op("MIN", _seq_or_array(np.minimum, _reduce._py_min), "min")
+MAX = Op("MAX", _seq_or_array(np.maximum, _reduce._py_max), "max")
 # Python objects combine to a bool, as mpi4py's ``MPI.LAND(2, 3) is True``
 LAND = Op("LAND", _seq_or_array(np.logical_and, lambda x, y: bool(x) and bool(y)))
 LOR = Op("LOR", _seq_or_array(np.logical_or, lambda x, y: bool(x) or bool(y)))
@@ -230,7 +232,7 @@ def _check_op(op: Any, where: str) -> Op:
 
 def _fold(values: Sequence[Any], op: Op, where: str) -> Any:
     if op._comm_op is not None:  # the communicator's checks (same shape and dtype ...)
-        return _comm.reduce_values(values, op._comm_op, where)
+        return _reduce.reduce_values(values, op._comm_op, where)
     acc = values[0]
     for v in values[1:]:
         acc = op(acc, v)
@@ -687,7 +689,7 @@ class Comm:
                     f"without blocking (try_recv); the {c.backend!r} backend has none"
                 )
             got = try_recv(c._members[src], key)
-            if got is _comm.NO_MESSAGE:
+            if got is _transport.NO_MESSAGE:
                 return False
         self._recv_next[src] += 1
         tag, is_buffer, obj = got
@@ -1130,7 +1132,7 @@ def _bind(world: _comm.Communicator | None) -> None:
     """Make ``COMM_WORLD`` this rank's ``world`` (``None``: a world of one rank) and start
     every message count afresh (a rank actor runs one program after another)."""
     if world is None:
-        world = _comm.Communicator(_comm.LocalTransport())
+        world = _comm.Communicator(_transport.LocalTransport())
     _bound[:] = [world]
     COMM_WORLD._bind_base(world)
     COMM_SELF._bind_base(_comm.Communicator(world._t, [world._members[world.rank]],

@@ -2,8 +2,8 @@
 
 Usage: ``C = rayflow.hpc.cannon_matmul(a, b, grid=2).to_numpy()``
 
-Names are loaded lazily (PEP 562), so ``import rayflow.hpc.cannon_index`` or
-``rayflow.hpc.cg_math`` (pure logic) does not import Ray.
+Names are loaded lazily (PEP 562), so ``import rayflow.hpc.algorithms.cannon_index`` or
+``rayflow.hpc.algorithms.cg_math`` (pure logic) does not import Ray.
 """
 
 from __future__ import annotations
@@ -19,13 +19,13 @@ _EXPORTS = {
     "Gang": "rayflow.hpc.gang",
     "Communicator": "rayflow.hpc.comm",
     "CartComm": "rayflow.hpc.comm",
-    "cannon_matmul": "rayflow.hpc.cannon",
-    "cg_solve": "rayflow.hpc.cg",
-    "CGResult": "rayflow.hpc.cg",
-    "ConvergenceWarning": "rayflow.hpc.cg",
+    "cannon_matmul": "rayflow.hpc.algorithms.cannon",
+    "cg_solve": "rayflow.hpc.algorithms.cg",
+    "CGResult": "rayflow.hpc.algorithms.cg",
+    "ConvergenceWarning": "rayflow.hpc.algorithms.cg",
     "PROC_NULL": "rayflow.hpc.comm",
-    "shuffle_matmul": "rayflow.hpc.baselines",
-    "broadcast_cg": "rayflow.hpc.baselines",
+    "shuffle_matmul": "rayflow.hpc.algorithms.baselines",
+    "broadcast_cg": "rayflow.hpc.algorithms.baselines",
     "register_ray_backend": "rayflow.hpc.ray_collective",
     "run_mpi": "rayflow.hpc.mpirun",
     "MPIRunError": "rayflow.hpc.mpirun",

@@ -53,14 +53,15 @@ from __future__ import annotations
 
 import functools
 import itertools
-import operator
 from collections import defaultdict
 from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple, Protocol
+from typing import Any
 
 import numpy as np
 
-from rayflow.hpc.cannon_index import split_sizes
+from rayflow.hpc.algorithms.cannon_index import split_sizes
+from rayflow.hpc.backends.transport import Request, Transport
+from rayflow.hpc.reduce import _describe, _fill, _Fold, check_op, reduce_values
 
 # Arrays above this size are all-reduced as reduce-scatter + allgather (two hops, each rank
 # moves ~2x its array) rather than all-to-all (one hop, each rank moves (p-1)x its array).
@@ -77,192 +78,16 @@ _DIRECT_LARGE_ALLREDUCE_MAX_RANKS = 4
 _DIRECT_LARGE_ALLREDUCE_MAX_BYTES = 4 * 1024 * 1024
 
 
-class Transport(Protocol):
-    """Point-to-point messaging between the world ranks of one gang."""
-
-    rank: int
-    size: int
-
-    def send(self, dest: int, key: tuple, obj: Any) -> None:
-        """Deliver ``obj`` to world rank ``dest`` under ``key``; returns without waiting.
-
-        The transport must snapshot ``obj`` before returning (MPI's buffered send): callers
-        reuse the buffer at once (``sendrecv_replace``, Cannon's shifts).
-        """
-
-    def send_many(self, dests: Sequence[int], key: tuple, obj: Any) -> None:
-        """Deliver the same ``obj`` to several ranks (a backend may serialise it once)."""
-
-    def recv(self, src: int, key: tuple) -> Any:
-        """Block until the message from world rank ``src`` under ``key`` arrives; return it."""
-
     # Optional: ``isend(dest, key, obj) -> Request`` sends without a snapshot (the caller
     # leaves ``obj`` unchanged until ``wait``); transports without it get a buffered send.
     # Optional: ``try_recv(src, key)`` returns the message, or :data:`NO_MESSAGE` at once if
     # it has not arrived; the MPI module polls it for ``ANY_SOURCE`` and ``Request.Test``.
 
 
-#: What a transport's optional ``try_recv`` returns when the message has not arrived.
-NO_MESSAGE = type("NoMessage", (), {"__repr__": lambda self: "NO_MESSAGE"})()
-
-
-class Request:
-    """The handle of a non-blocking send (``comm.isend``): ``wait()`` before reusing the buffer."""
-
-    def __init__(self, works: Sequence[Any] = ()):
-        self._works = list(works)
-
-    def test(self) -> bool:
-        """Whether the send has completed (the buffer may be reused)."""
-        return all(w.is_completed() for w in self._works)
-
-    def wait(self) -> None:
-        """Block until the send has completed."""
-        for w in self._works:
-            w.wait()
-        self._works = []
-
-
-def _py_min(x: Any, y: Any) -> Any:
-    return y if y < x else x
-
-
-def _py_max(x: Any, y: Any) -> Any:
-    return y if y > x else x
-
-
-class ReduceOp(NamedTuple):
-    """A reduction operator: numpy's ufunc for arrays and numpy scalars, and the same
-    operator for Python objects (ints, floats, Fractions, Decimals, ...) as mpi4py applies
-    it, with ``+``, ``*`` and comparisons, so that integers stay exact at any size."""
-
-    array: np.ufunc
-    scalar: Callable[[Any, Any], Any]
-
-
-#: The reduction operators of ``reduce``/``allreduce``/``reduce_scatter``, by name: the one
-#: table every backend (Ray-native, gloo, the ``ray.util.collective`` group) reads.
-REDUCE_OPS: dict[str, ReduceOp] = {
-    "sum": ReduceOp(np.add, operator.add),
-    "prod": ReduceOp(np.multiply, operator.mul),
-    "min": ReduceOp(np.minimum, _py_min),
-    "max": ReduceOp(np.maximum, _py_max),
-}
-
 #: Rank number of a missing neighbour (MPI's ``PROC_NULL``): a send to it does nothing and a
 #: receive from it returns ``None`` at once. ``CartComm.shift`` returns it at the edges of a
 #: non-periodic grid.
 PROC_NULL = -2
-
-
-def check_op(op: str) -> None:
-    """Raise ``ValueError`` unless ``op`` names a reduction operator."""
-    if op not in REDUCE_OPS:
-        raise ValueError(f"unknown reduce op {op!r}; use one of {sorted(REDUCE_OPS)}")
-
-
-def _describe(v: Any) -> str:
-    if isinstance(v, np.ndarray):
-        return f"an array of {v.dtype} {v.shape}"
-    if isinstance(v, np.generic):
-        return f"a numpy {v.dtype} scalar"
-    return f"a Python {type(v).__name__}"
-
-
-def reduce_values(values: Sequence[Any], op: str, what: str = "reduce") -> Any:
-    """Combine one value per rank in rank order with ``op``, as every backend must.
-
-    numpy arrays combine elementwise with the ufunc (:data:`REDUCE_OPS`) and must have the
-    same shape and dtype on every rank (MPI's matching counts and types); numpy scalars
-    combine with the ufunc as well. Anything else combines with Python's operators
-    (:data:`REDUCE_OPS` too), so Python ints never overflow and Fractions stay exact.
-
-    Raises:
-        ValueError: arrays of different shapes or dtypes, or an array on some ranks only.
-    """
-    check_op(op)
-    values = list(values)
-    arrays = [isinstance(v, np.ndarray) for v in values]
-    if any(arrays):
-        first = values[arrays.index(True)]
-        if not all(arrays) or any(v.shape != first.shape or v.dtype != first.dtype for v in values):
-            parts = ", ".join(f"rank {r}: {_describe(v)}" for r, v in enumerate(values))
-            raise ValueError(
-                f"{what}: every rank must pass an array of the same shape and dtype; got {parts}"
-            )
-    fn: Callable[[Any, Any], Any]
-    if any(arrays) or any(isinstance(v, np.generic) for v in values):
-        fn = REDUCE_OPS[op].array
-    else:
-        fn = REDUCE_OPS[op].scalar
-    acc = values[0]
-    for v in values[1:]:
-        acc = fn(acc, v)
-    if any(arrays):
-        acc = np.asarray(acc)  # a 0-d array stays an array (ufuncs return scalars for 0-d)
-        if acc is values[0]:
-            acc = acc.copy()  # never hand back the caller's (or a read-only) buffer
-    return acc
-
-
-def _fill(out: np.ndarray, got: Any, what: str = "allreduce") -> np.ndarray:
-    """Copy a received array into ``out`` (same shape), or raise naming both."""
-    if not isinstance(got, np.ndarray) or got.shape != out.shape:
-        raise ValueError(f"{what}: expected {_describe(out)}, got {_describe(got)}")
-    np.copyto(out, got)
-    return out
-
-
-class _Fold:
-    """An elementwise reduction in rank order, written into one output array as the ranks'
-    arrays come (they may be views of a channel's memory, read once and not kept).
-
-    The result is bit for bit :func:`reduce_values` of the same arrays: ``((v0 op v1) op
-    v2) ...``, each step a numpy ufunc; only where it is written differs.
-    """
-
-    def __init__(self, op: str, mine: np.ndarray, rank: int, out: np.ndarray | None,
-                 what: str, size: int = 2):
-        self._ufunc = REDUCE_OPS[op].array
-        self._op, self._mine, self._rank, self._what, self._size = op, mine, rank, what, size
-        self._out = out
-        self._next = 0  # the next rank to fold in
-        self._mine_in_out = out is not None and np.may_share_memory(out, mine)
-
-    def _check(self, got: Any, rank: int) -> None:
-        mine = self._mine
-        if not isinstance(got, np.ndarray) or got.shape != mine.shape or got.dtype != mine.dtype:
-            vals = [mine if r == self._rank else None for r in range(self._size)]
-            vals[rank] = got
-            parts = ", ".join(f"rank {r}: {_describe(v)}" for r, v in enumerate(vals)
-                              if v is not None)
-            raise ValueError(f"{self._what}: every rank must pass an array of the same shape "
-                             f"and dtype; got {parts}")
-
-    def add(self, got: np.ndarray, rank: int) -> None:
-        """Fold in ``rank``'s array (ranks come in order)."""
-        assert rank == self._next, (rank, self._next)
-        self._check(got, rank)
-        if self._out is None:
-            self._out = np.empty_like(self._mine)
-        if rank == 0:
-            if not (self._mine_in_out and got is self._mine):
-                np.copyto(self._out, got)
-        else:
-            self._ufunc(self._out, got, out=self._out)
-        self._next += 1
-
-    def with_peer(self, got: Any) -> np.ndarray:
-        """Two ranks: this rank's array and the peer's, in rank order, into the output."""
-        self._check(got, 1 - self._rank)
-        v0, v1 = (self._mine, got) if self._rank == 0 else (got, self._mine)
-        out = self._out if self._out is not None else np.empty_like(self._mine)
-        self._ufunc(v0, v1, out=out)
-        return out
-
-    def result(self) -> np.ndarray:
-        assert self._out is not None
-        return self._out
 
 
 class _Failed:
@@ -1046,27 +871,3 @@ class CartComm(Communicator):
         return self.sub([True, False])  # type: ignore[return-value]
 
 
-class LocalTransport:
-    """An in-process transport for one rank (size 1); handy for tests and serial runs."""
-
-    backend = "local"
-
-    def __init__(self):
-        self.rank, self.size = 0, 1
-        self._box: dict[tuple, Any] = {}
-
-    def send(self, dest: int, key: tuple, obj: Any) -> None:
-        self._box[key] = obj.copy() if isinstance(obj, np.ndarray) else obj
-
-    def send_many(self, dests: Sequence[int], key: tuple, obj: Any) -> None:
-        for d in dests:
-            self.send(d, key, obj)
-
-    def try_recv(self, src: int, key: tuple) -> Any:
-        return self._box.pop(key, NO_MESSAGE)
-
-    def recv(self, src: int, key: tuple) -> Any:
-        try:
-            return self._box.pop(key)
-        except KeyError:
-            raise RuntimeError(f"deadlock: a single rank waits for a message {key} never sent") from None

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from rayflow.hpc.cannon_index import offsets, split_sizes
+from rayflow.hpc.algorithms.cannon_index import offsets, split_sizes
 
 
 def _ray():

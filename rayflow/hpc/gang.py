@@ -31,14 +31,14 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from rayflow.config import HpcOptions, load_config
 from rayflow.errors import GangSchedulingError
-from rayflow.hpc.comm import Communicator
-from rayflow.hpc.ray_backend import (
+from rayflow.hpc.backends.ray_backend import (
     DirectTransport,
     MailboxHost,
     create_rendezvous,
     join_group,
     set_local_host,
 )
+from rayflow.hpc.comm import Communicator
 
 _log = logging.getLogger(__name__)
 
@@ -107,7 +107,7 @@ class RankActor(MailboxHost):
         if backend == "gloo":
             from ray.util import collective
 
-            from rayflow.hpc.gloo_backend import GlooNative, GlooTransport
+            from rayflow.hpc.backends.gloo_backend import GlooNative, GlooTransport
 
             collective.init_collective_group(world_size, rank,  # (Ray's stub wants its enum)
                                              backend="gloo",  # type: ignore[arg-type]
@@ -255,7 +255,7 @@ class Gang:
         ensure_ray_default()
         self._fit_embedded()
         if self.backend == "gloo":
-            from rayflow.hpc.gloo_backend import gloo_available
+            from rayflow.hpc.backends.gloo_backend import gloo_available
 
             if not gloo_available():
                 raise RuntimeError("the gloo backend needs torch: pip install -e '.[gloo]' (from the checkout)")

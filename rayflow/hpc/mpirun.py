@@ -185,7 +185,7 @@ def _sink_class() -> Any:
 def _rank_main(comm: Any, program: _Program, sink: Any = None) -> dict:
     """Run ``program`` in this rank with ``mpi4py`` bound to ``comm``; never raises."""
     from rayflow.hpc import MPI
-    from rayflow.hpc.channels import StageAborted
+    from rayflow.hpc.backends.channels import StageAborted
 
     MPI._bind(comm)
     out = _Forwarder(comm.rank, "stdout", sink)

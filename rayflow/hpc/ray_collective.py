@@ -3,9 +3,9 @@
 Usage: ``register_ray_backend(); init_collective_group(n, rank, backend="RAYFLOW", group_name=g)``
 
 :class:`RayNativeGroup` implements ``ray.util.collective``'s in-place tensor API on numpy
-arrays over the backend's direct channels (:class:`~rayflow.hpc.channels.DirectTransport`), so
+arrays over the backend's direct channels (:class:`~rayflow.hpc.backends.channels.DirectTransport`), so
 ``ray.util.collective.allreduce(arr, group_name)`` works in rayflow's rank actors. This module
-is separate from :mod:`rayflow.hpc.ray_backend` because ``ray.util.collective`` imports torch
+is separate from :mod:`rayflow.hpc.backends.ray_backend` because ``ray.util.collective`` imports torch
 whenever torch is installed; rayflow's gangs join groups without it.
 """
 
@@ -16,8 +16,8 @@ from ray.util.collective.backend_registry import _global_registry, register_coll
 from ray.util.collective.collective_group.base_collective_group import BaseGroup
 from ray.util.collective.types import ReduceOp
 
+from rayflow.hpc.backends.ray_backend import BACKEND_NAME, join_group
 from rayflow.hpc.comm import Communicator
-from rayflow.hpc.ray_backend import BACKEND_NAME, join_group
 
 _OPS = {ReduceOp.SUM: "sum", ReduceOp.PRODUCT: "prod", ReduceOp.MIN: "min", ReduceOp.MAX: "max"}
 
@@ -90,7 +90,7 @@ class RayNativeGroup(BaseGroup):
 
 
 def _apply(op: str, a, b):
-    from rayflow.hpc.comm import REDUCE_OPS
+    from rayflow.hpc.reduce import REDUCE_OPS
 
     return REDUCE_OPS[op].array(a, b)
 

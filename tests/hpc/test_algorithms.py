@@ -8,7 +8,7 @@ import scipy.sparse as sp
 import scipy.sparse.linalg as spla
 
 from rayflow.hpc import BlockDataset, broadcast_cg, cannon_matmul, cg_solve, shuffle_matmul
-from rayflow.hpc.cg import ConvergenceWarning
+from rayflow.hpc.algorithms.cg import ConvergenceWarning
 
 
 def _mats(m, k, n, dtype=np.float64, seed=0):

@@ -8,7 +8,7 @@ import sys
 import numpy as np
 import pytest
 
-from rayflow.hpc import cannon_index as ci
+from rayflow.hpc.algorithms import cannon_index as ci
 
 
 @pytest.mark.parametrize("n,p", [(10, 3), (7, 7), (5, 8), (1024, 4), (0, 2)])
@@ -61,7 +61,7 @@ def test_serial_cannon_from_the_schedule_equals_matmul(n, p):
 
 def test_pure_modules_do_not_import_ray():
     code = (
-        "import sys; import rayflow.hpc.cannon_index, rayflow.hpc.cg_math, rayflow.hpc.comm; "
+        "import sys; import rayflow.hpc.algorithms.cannon_index, rayflow.hpc.algorithms.cg_math, rayflow.hpc.comm; "
         "assert 'ray' not in sys.modules, 'ray imported'"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
@@ -69,7 +69,7 @@ def test_pure_modules_do_not_import_ray():
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 def test_accumulate_adds_the_product_in_place(dtype):
-    from rayflow.hpc.cannon import _accumulate
+    from rayflow.hpc.algorithms.cannon import _accumulate
 
     rng = np.random.default_rng(3)
     a = rng.standard_normal((5, 7)).astype(dtype)
@@ -83,7 +83,7 @@ def test_accumulate_adds_the_product_in_place(dtype):
 
 
 def test_accumulate_handles_read_only_strided_and_mixed_operands():
-    from rayflow.hpc.cannon import _accumulate
+    from rayflow.hpc.algorithms.cannon import _accumulate
 
     rng = np.random.default_rng(4)
     a = np.asfortranarray(rng.standard_normal((6, 6)))[:, ::2]  # strided view

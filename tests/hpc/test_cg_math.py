@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from rayflow.hpc.cg_math import conjugate_gradient
+from rayflow.hpc.algorithms.cg_math import conjugate_gradient
 
 
 def _spd(n, seed=0):

@@ -11,7 +11,8 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
-from rayflow.hpc.comm import PROC_NULL, Communicator, LocalTransport
+from rayflow.hpc.backends.transport import LocalTransport
+from rayflow.hpc.comm import PROC_NULL, Communicator
 from tests.hpc._threads import Hub, ThreadTransport
 
 

@@ -113,7 +113,7 @@ def _ray_util_collective(comm, block, group_name_holder):
     import ray
     from ray.util import collective as col
 
-    from rayflow.hpc.ray_backend import create_rendezvous
+    from rayflow.hpc.backends.ray_backend import create_rendezvous
     from rayflow.hpc.ray_collective import register_ray_backend
 
     register_ray_backend()

@@ -19,8 +19,8 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from rayflow.hpc.backends.gloo_backend import GlooNative, GlooTransport, _decode, _encode
 from rayflow.hpc.comm import Communicator
-from rayflow.hpc.gloo_backend import GlooNative, GlooTransport, _decode, _encode
 
 
 class _Completed:

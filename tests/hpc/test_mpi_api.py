@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from rayflow.hpc import MPI
-from rayflow.hpc.comm import Communicator, LocalTransport
+from rayflow.hpc.backends.transport import LocalTransport
+from rayflow.hpc.comm import Communicator
 
 
 @pytest.fixture(scope="module")

@@ -9,8 +9,8 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 
-from rayflow.hpc import channels, shm
-from rayflow.hpc.channels import Endpoint, Mailbox, StageAborted, node_info
+from rayflow.hpc.backends import channels, links, shm, wire
+from rayflow.hpc.backends.channels import Endpoint, Mailbox, StageAborted, node_info
 from rayflow.hpc.comm import Communicator
 
 pytestmark = pytest.mark.skipif(not shm.available(), reason="shared-memory rings need x86-64 Linux")
@@ -216,13 +216,13 @@ def test_small_messages_skip_the_pickle_buffers_and_large_ones_use_segments(monk
     monkeypatch.setattr(shm.Segment, "fill",
                         lambda self, parts: seen.append(sum(p.nbytes for p in parts))
                         or real(self, parts))
-    for n in (10, channels.OOB_BYTES // 8 + 1, channels.SEGMENT_BYTES // 8 + 1):
+    for n in (10, wire.OOB_BYTES // 8 + 1, links.SEGMENT_BYTES // 8 + 1):
         x = np.arange(n, dtype=np.float64)
         ts[0].send(1, ("k", n), x)
         got = ts[1].recv(0, ("k", n))
         np.testing.assert_array_equal(got, x)
         got[0] = 1.0  # received arrays are private and writable
-    big = (channels.SEGMENT_BYTES // 8 + 1) * 8
+    big = (links.SEGMENT_BYTES // 8 + 1) * 8
     assert len(seen) == 1 and big < seen[0] < big + 1024  # the array and the pickle header
     for t in ts:
         t.close()
@@ -233,7 +233,7 @@ def test_segments_are_reused_and_what_was_received_stays_private():
     array is its own copy, so the refill never changes what it already received."""
     ts, _ = _group(2)
     pool = ts[0]._ch.pool
-    n = channels.SEGMENT_BYTES // 8 * 4  # 1 MiB
+    n = links.SEGMENT_BYTES // 8 * 4  # 1 MiB
     kept = []
     for k in range(20):
         ts[0].send(1, ("k", k), np.full(n, float(k)))
@@ -332,7 +332,7 @@ def test_a_pickle_stream_larger_than_the_ring_goes_whole_into_a_segment(ring_byt
 def test_try_recv_looks_without_blocking_and_wait_any_wakes_on_a_send(mode):
     """What ANY_SOURCE needs from the transport: a look that returns at once, keeping the
     other messages it reads for their receives, and a sleep that a peer's send ends."""
-    from rayflow.hpc.comm import NO_MESSAGE
+    from rayflow.hpc.backends.transport import NO_MESSAGE
 
     if mode == "tcp":
         pytest.importorskip("zmq")

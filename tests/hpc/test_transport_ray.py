@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 import ray
 
-from rayflow.hpc import BlockDataset, Gang, mpimap, shm
+from rayflow.hpc import BlockDataset, Gang, mpimap
+from rayflow.hpc.backends import shm
 
 pytestmark = pytest.mark.skipif(not shm.available(), reason="shared-memory rings need x86-64 Linux")
 

@@ -4,7 +4,7 @@ Usage: ``create_rendezvous(g, n)`` in the driver, then ``join_group(n, rank, g)`
 
 A group's ranks find each other once, through a small named rendezvous actor: each tells the
 others its node and process, opens the receiving half of its channels and publishes their
-addresses, then connects to every peer (:mod:`rayflow.hpc.channels`). From then on a message
+addresses, then connects to every peer (:mod:`rayflow.hpc.backends.channels`). From then on a message
 is a write into a shared-memory ring (same node) or a ZeroMQ TCP frame (other nodes); no
 actor call, no object store. The previous design sent every message as an actor call to the
 peer's mailbox method (about 0.9 ms each here, two per small allreduce).
@@ -24,7 +24,7 @@ from typing import Any
 import ray
 from ray.exceptions import GetTimeoutError
 
-from rayflow.hpc.channels import (
+from rayflow.hpc.backends.channels import (
     DirectTransport,
     Endpoint,
     Mailbox,

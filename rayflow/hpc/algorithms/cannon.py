@@ -3,7 +3,7 @@
 Usage: ``C = cannon_matmul(a, b, grid=2).to_numpy()``
 
 The initial skew costs nothing here: rank ``(i, j)`` is simply handed the refs of
-``A_{i,(i+j) mod p}`` and ``B_{(i+j) mod p,j}`` (:func:`~rayflow.hpc.cannon_index.skew_a_source`),
+``A_{i,(i+j) mod p}`` and ``B_{(i+j) mod p,j}`` (:func:`~rayflow.hpc.algorithms.cannon_index.skew_a_source`),
 which MPI codes must move with a shift. Then each of the ``p`` rounds sends the A block left
 and the B block up *before* the local GEMM, so the transfer overlaps the multiplication, and
 receives the next pair after it.
@@ -15,7 +15,7 @@ from typing import Any, cast
 
 import numpy as np
 
-from rayflow.hpc.cannon_index import grid_side, skew_a_source, skew_b_source
+from rayflow.hpc.algorithms.cannon_index import grid_side, skew_a_source, skew_b_source
 from rayflow.hpc.dataset import BlockDataset, dense_matrix
 from rayflow.hpc.stage import mpimap
 

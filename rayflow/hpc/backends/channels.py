@@ -2,11 +2,11 @@
 
 Usage: ``ep = Endpoint(rank, infos); t = ep.connect(addresses, Mailbox(), stage="s")``
 
-A gang's ranks meet once through Ray (:func:`rayflow.hpc.ray_backend.join_group` exchanges
+A gang's ranks meet once through Ray (:func:`rayflow.hpc.backends.ray_backend.join_group` exchanges
 each rank's :class:`Endpoint` address); after that a message never goes through Ray:
 
 - **same node**: the sender pickles ``(stage, key, obj)`` with protocol 5, writes the header
-  and the arrays' raw bytes into its ring to the receiver (:mod:`rayflow.hpc.shm`), and
+  and the arrays' raw bytes into its ring to the receiver (:mod:`rayflow.hpc.backends.shm`), and
   rings the receiver's doorbell. A payload of more than ``SEGMENT_BYTES`` goes into a
   shared-memory segment of its own, which the receiver maps and reads without a copy.
 - **other nodes**: a ZeroMQ PUSH socket to the receiver's PULL socket, one frame per array.
@@ -24,39 +24,27 @@ No Ray is imported by this module.
 
 from __future__ import annotations
 
-import io
 import os
 import pickle
 import select
 import socket
-import struct
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
-from rayflow.hpc import shm
+from rayflow.hpc.backends import links as _links
+from rayflow.hpc.backends import shm
+from rayflow.hpc.backends.links import _Flusher, _SegmentPool, _ShmLink, _TcpLink
+from rayflow.hpc.backends.wire import _decode_record, _encode
 
 #: Spin this long on an empty channel before sleeping in ``poll``. Measured on a 2-core VM
 #: (2 ranks, scalar allreduce): 50 us of spinning gave ~130 us per allreduce, since the wake-up
 #: from ``poll`` cost more than the wait; 2 ms gave 12-29 us. MPICH spins without limit.
 #: Ranks do not spin at all when their node has more ranks than cores.
 SPIN_S = 2e-3
-#: Payloads above this travel in a shared-memory segment rather than through the ring.
-SEGMENT_BYTES = 256 * 1024
-#: Segments are reused: a sender keeps up to this many free ones, of this many bytes in all
-#: (a larger one is closed once read). Measured on a 2-core VM, 1 MiB: a fresh segment cost
-#: 1.7 ms to create and fill (the kernel allocates and zeroes its pages) and 0.24 ms to map,
-#: against ~0.1 ms to refill a reused one and copy it out.
-POOL_SEGMENTS = 4
-POOL_BYTES = 256 * 1024 * 1024
-#: Array buffers from this size on leave the pickle stream (protocol-5 out-of-band buffers).
-OOB_BYTES = 1024
-_SEG_FLAG = 1 << 31
-_II = struct.Struct("<II")  # a record's header length and buffer count (| _SEG_FLAG)
 _MISSING = object()
 
 
@@ -119,340 +107,6 @@ class Mailbox:
         with self._lock:
             if wake in self._wakers:
                 self._wakers.remove(wake)
-
-
-# ------------------------------------------------------------------ message codec
-def _small_array(dtype: str, shape: tuple, data: bytes) -> np.ndarray:
-    """A small array from its bytes (writable, as every received array is)."""
-    out = np.empty(shape, dtype)
-    if out.nbytes:
-        out.reshape(-1).view(np.uint8)[:] = np.frombuffer(data, np.uint8)
-    return out
-
-
-class _Pickler(pickle.Pickler):
-    """Pickles small plain arrays as dtype, shape and bytes. numpy's own protocol-5 reduce
-    of a 1-element array took ~16 us to pickle and ~10 us to load here (against ~5 us
-    in all this way), the bulk of a small buffer message (``Allreduce`` of 8 bytes)."""
-
-    def reducer_override(self, obj: Any) -> Any:
-        if (type(obj) is np.ndarray and obj.nbytes < OOB_BYTES and obj.dtype.kind in _PLAIN
-                and obj.flags.c_contiguous):
-            return _small_array, (obj.dtype.str, obj.shape, obj.tobytes())
-        return NotImplemented
-
-
-_PLAIN = frozenset("biufcmM")  # dtypes that ``dtype.str`` names exactly
-_ATOMS = (type(None), bool, int, float, str, bytes)
-
-
-def _encode(stage: str, key: Any, obj: Any) -> tuple[bytes, list[memoryview]]:
-    """The pickle header of ``(stage, key, obj)`` and its large array buffers (not copied)."""
-    bufs: list[memoryview] = []
-
-    def out_of_band(pb: pickle.PickleBuffer) -> bool:
-        raw = pb.raw()
-        if raw.nbytes < OOB_BYTES:
-            return True  # small: inside the pickle stream
-        bufs.append(raw)
-        return False
-
-    msg = (stage, key, obj)
-    if type(obj) in _ATOMS:  # no arrays: the plain pickler is quicker
-        return pickle.dumps(msg, protocol=5), bufs
-    f = io.BytesIO()
-    _Pickler(f, protocol=5, buffer_callback=out_of_band).dump(msg)
-    return f.getvalue(), bufs
-
-
-def _record(hdr: bytes, bufs: Sequence[memoryview], flag: int = 0) -> tuple[list, int]:
-    """Ring record parts: ``u32 hdr_len | u32 nbuf | u64 len * nbuf | hdr | (pad, buf) *``."""
-    prefix = bytearray(_II.pack(len(hdr), len(bufs) | flag))
-    for b in bufs:
-        prefix += b.nbytes.to_bytes(8, "little")
-    parts: list = [bytes(prefix), hdr]
-    n = len(prefix) + len(hdr)
-    for b in bufs:
-        pad = -n & 7
-        if pad:
-            parts.append(b"\0" * pad)
-        parts.append(b)
-        n += pad + b.nbytes
-    return parts, n
-
-
-def _decode_record(view: memoryview, maps: shm.SegmentMaps, copy: bool = True) -> tuple:
-    """``(stage, key, obj)`` of a ring record.
-
-    With ``copy`` the arrays are copied out of the ring (and out of the segment, which its
-    sender reuses once the record is consumed); without it they view that memory, valid
-    only until the record is consumed (:meth:`DirectTransport.recv_apply`).
-    """
-    hlen, word = _II.unpack_from(view)
-    if word == 0:  # the common case: everything inside the pickle stream
-        return pickle.loads(view[8 : 8 + hlen])
-    nbuf = word & ~_SEG_FLAG
-    pos = 8 + 8 * nbuf
-    hdr = view[pos : pos + hlen]
-    if word & _SEG_FLAG:  # the pickle stream and its buffers in a segment
-        views = maps.views(pickle.loads(hdr))
-        if not copy:
-            return pickle.loads(views[0], buffers=views[1:])
-        try:
-            return pickle.loads(views[0], buffers=[bytearray(v) for v in views[1:]])
-        finally:
-            for v in views:
-                v.release()
-    pos += hlen
-    bufs: list = []
-    for i in range(nbuf):
-        n = int.from_bytes(view[8 + 8 * i : 16 + 8 * i], "little")
-        pos += -pos & 7
-        # copied: writable arrays, and the ring space can be handed back
-        bufs.append(bytearray(view[pos : pos + n]) if copy else view[pos : pos + n])
-        pos += n
-    return pickle.loads(hdr, buffers=bufs)
-
-
-def _snapshot(parts: list) -> list:
-    """Private copies of the parts that view the caller's arrays."""
-    return [p if isinstance(p, bytes) else bytes(p) for p in parts]
-
-
-# ------------------------------------------------------------------ links (send side)
-class _Segment:
-    """A filled segment and how many receivers have yet to read it (then it is free)."""
-
-    def __init__(self, seg: shm.Segment, address: tuple, readers: int, pool: _SegmentPool):
-        self.seg, self.address = seg, address
-        self.fd = seg.fd
-        self._readers = readers
-        self._pool = pool
-        self._lock = threading.Lock()
-
-    def read_by_one(self) -> None:
-        with self._lock:
-            self._readers -= 1
-            last = self._readers == 0
-        if last:
-            self._pool.give_back(self.seg)
-
-
-class _SegmentPool:
-    """A sender's segments: a free one that is large enough is refilled, else a new one is
-    made; a read one comes back (at most :data:`POOL_SEGMENTS` are kept free, of
-    :data:`POOL_BYTES` in all; the oldest go first)."""
-
-    def __init__(self) -> None:
-        self._free: list[shm.Segment] = []
-        self._lock = threading.Lock()
-        self._closed = False
-        self.sweep: Callable[[], None] = lambda: None  # find the segments read meanwhile
-        self.created = 0  # segments made (a test counts them)
-
-    def fill(self, parts: Sequence[memoryview], name: str, readers: int) -> _Segment:
-        need = shm.Segment.need(parts)
-        self.sweep()
-        with self._lock:
-            fits = [s for s in self._free if s.capacity >= need]
-            seg = min(fits, key=lambda s: s.capacity) if fits else None
-            if seg is not None:
-                self._free.remove(seg)
-        if seg is None:
-            # a power of two from 64 KiB up to 1 MiB, then whole MiBs: a message a little
-            # larger than the last one reuses its segment
-            size = max(1 << 16, 1 << (need - 1).bit_length()) if need <= 1 << 20 else \
-                -(-need // (1 << 20)) << 20
-            seg = shm.Segment.create(size, name)
-            self.created += 1
-        try:
-            return _Segment(seg, seg.fill(parts), readers, self)
-        except BaseException:
-            seg.close()
-            raise
-
-    def give_back(self, seg: shm.Segment) -> None:
-        with self._lock:
-            if self._closed or seg.capacity > POOL_BYTES:
-                drop = [seg]
-            else:
-                self._free.append(seg)
-                drop = []
-                while (len(self._free) > POOL_SEGMENTS
-                       or sum(f.capacity for f in self._free) > POOL_BYTES):
-                    drop.append(self._free.pop(0))  # the oldest free one
-        for s in drop:
-            s.close()
-
-    @property
-    def free(self) -> int:
-        return len(self._free)
-
-    def close(self) -> None:
-        with self._lock:
-            self._closed = True
-            free, self._free = self._free, []
-        for s in free:
-            s.close()
-
-
-class _ShmLink:
-    """This rank's ring to one same-node peer, the peer's doorbell and the overflow queue."""
-
-    kind = "shm"
-
-    def __init__(self, ring: shm.Ring, bell_fd: int, seg_name: str, pool: _SegmentPool):
-        self.ring, self.bell_fd, self.seg_name = ring, bell_fd, seg_name
-        self.pool = pool
-        self.lock = threading.Lock()
-        self.pending: deque[tuple[list, int, _Segment | None]] = deque()
-        self.segments: deque[tuple[int, _Segment]] = deque()  # (ring position read past, seg)
-
-    def send(self, hdr: bytes, bufs: list[memoryview], nbytes: int, flusher: _Flusher,
-             seg: _Segment | None = None) -> None:
-        """Send one message; ``seg``: its payload already in a segment (shared by receivers)."""
-        if self.segments:
-            self._release_read_segments()
-        # a record must fit the ring: anything larger (arrays, or a big pickle stream) goes
-        # into a segment, header included
-        limit = min(SEGMENT_BYTES, self.ring.capacity - 1024)
-        if seg is None and len(hdr) + nbytes + 16 * (len(bufs) + 1) > limit:
-            seg = self.pool.fill([memoryview(hdr), *bufs], self.seg_name, 1)
-        if seg is None and not bufs:
-            payload = _II.pack(len(hdr), 0) + hdr
-            # only this thread adds to ``pending``, and the flusher writes only while it is
-            # non-empty: with it empty, this thread is the ring's one producer
-            if not self.pending and self.ring.try_write1(payload):
-                shm.ring_fd(self.bell_fd)
-                return
-            parts, n = [payload], len(payload)
-            with self.lock:
-                if self.pending or not self.ring.try_write(parts, n):
-                    self.pending.append((parts, n, None))
-                    flusher.kick()
-            shm.ring_fd(self.bell_fd)
-            return
-        if seg is not None:
-            parts, n = _record(pickle.dumps(seg.address, protocol=5), (), _SEG_FLAG)
-        else:
-            parts, n = _record(hdr, bufs)
-        with self.lock:
-            if self.pending or not self.ring.try_write(parts, n):
-                self.pending.append((_snapshot(parts), n, seg))
-                flusher.kick()
-            elif seg is not None:
-                self.segments.append((self.ring.tail, seg))
-        shm.ring_fd(self.bell_fd)
-
-    def flush(self) -> bool:
-        """Move queued records into the ring; True while some remain."""
-        with self.lock:
-            wrote = False
-            while self.pending:
-                parts, n, seg = self.pending[0]
-                if not self.ring.try_write(parts, n):
-                    break
-                self.pending.popleft()
-                wrote = True
-                if seg is not None:
-                    self.segments.append((self.ring.tail, seg))
-            left = bool(self.pending)
-        if wrote:
-            shm.ring_fd(self.bell_fd)
-        return left
-
-    def _release_read_segments(self) -> None:
-        # a segment is free once the receiver has read past its record (it copied the
-        # message out before moving its head)
-        if not self.segments:
-            return
-        with self.lock:
-            read = self.ring.consumed()
-            while self.segments and self.segments[0][0] <= read:
-                self.segments.popleft()[1].read_by_one()
-
-    def close(self) -> None:
-        with self.lock:
-            for _, _, seg in self.pending:
-                if seg is not None:
-                    seg.read_by_one()
-            self.pending.clear()
-            while self.segments:
-                self.segments.popleft()[1].read_by_one()
-        self.ring.close()
-        try:
-            os.close(self.bell_fd)
-        except OSError:
-            pass
-
-
-class _TcpLink:
-    """A ZeroMQ PUSH socket to a peer on another node (ZeroMQ queues while it is busy)."""
-
-    kind = "tcp"
-
-    def __init__(self, sock: Any, rank: int):
-        self.sock = sock
-        self._src = rank.to_bytes(4, "little")
-        self.lock = threading.Lock()
-
-    def send(self, hdr: bytes, bufs: list[memoryview], nbytes: int, flusher: _Flusher) -> None:
-        # copy=True: ZeroMQ copies every frame before returning (the buffered send's snapshot)
-        with self.lock:
-            self.sock.send_multipart([self._src, hdr, *bufs], copy=True)
-
-    def flush(self) -> bool:
-        return False
-
-    def close(self) -> None:
-        self.sock.close(linger=0)
-
-
-class _Flusher:
-    """A background thread that feeds queued records into full rings as space frees up."""
-
-    def __init__(self, links: Sequence[Any]):
-        self._links = [lk for lk in links if lk is not None and lk.kind == "shm"]
-        self._cond = threading.Condition()
-        self._wanted = False
-        self._closed = False
-        self._thread: threading.Thread | None = None
-
-    def kick(self) -> None:
-        with self._cond:
-            self._wanted = True
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="rayflow-flush",
-                                                daemon=True)
-                self._thread.start()
-            self._cond.notify()
-
-    def _run(self) -> None:
-        pause = 20e-6
-        while True:
-            with self._cond:
-                while not self._wanted and not self._closed:
-                    self._cond.wait()
-                if self._closed:
-                    return
-                self._wanted = False
-            left = False
-            for lk in self._links:
-                left |= lk.flush()
-            if left:
-                with self._cond:
-                    self._wanted = True
-                time.sleep(pause)  # the receiver frees space at its own pace
-                pause = min(pause * 2, 1e-3)
-            else:
-                pause = 20e-6
-
-    def close(self) -> None:
-        with self._cond:
-            self._closed = True
-            self._cond.notify()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
 
 
 # ------------------------------------------------------------------ endpoint and transport
@@ -677,7 +331,7 @@ class DirectTransport:
         links = [self._link(d) for d in others]
         local = [lk for lk in links if lk.kind == "shm"]
         seg = None
-        if len(local) > 1 and len(hdr) + n > min(SEGMENT_BYTES, *(lk.ring.capacity - 1024 for lk in local)):
+        if len(local) > 1 and len(hdr) + n > min(_links.SEGMENT_BYTES, *(lk.ring.capacity - 1024 for lk in local)):
             # one copy, mapped by every local receiver
             seg = self._ch.pool.fill([memoryview(hdr), *bufs],
                                      f"{local[0].seg_name.rsplit('-to', 1)[0]}-many", len(local))
@@ -744,9 +398,9 @@ class DirectTransport:
 
     def try_recv(self, src: int, key: Any) -> Any:
         """The message from ``src`` for ``key`` if it has arrived, else
-        :data:`rayflow.hpc.comm.NO_MESSAGE`, at once (what ``ANY_SOURCE`` and
+        :data:`rayflow.hpc.backends.transport.NO_MESSAGE`, at once (what ``ANY_SOURCE`` and
         ``Request.Test`` need). Other messages read meanwhile are kept for their receives."""
-        from rayflow.hpc.comm import NO_MESSAGE
+        from rayflow.hpc.backends.transport import NO_MESSAGE
 
         if self._box.aborted(self.stage):
             raise StageAborted(f"stage {self.stage} was aborted (a peer died)")

@@ -19,8 +19,8 @@ from typing import Any
 import numpy as np
 import ray
 
-from rayflow.hpc.cg import CGResult, _row_blocks
-from rayflow.hpc.cg_math import conjugate_gradient
+from rayflow.hpc.algorithms.cg import CGResult, _row_blocks
+from rayflow.hpc.algorithms.cg_math import conjugate_gradient
 from rayflow.hpc.dataset import BlockDataset
 
 

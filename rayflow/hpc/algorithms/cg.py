@@ -13,7 +13,7 @@ ranks combine their pieces ``A_r p`` of ``q = A p`` (an allreduce of the pieces 
 their offsets); both dot products are then computed
 locally on full vectors, identically on every rank, with no allreduce (two fewer round
 trips per iteration than allgathering ``p`` and allreducing ``p.q`` and ``r.r``). The
-recurrence itself is :func:`~rayflow.hpc.cg_math.conjugate_gradient`, shared with the numpy
+recurrence itself is :func:`~rayflow.hpc.algorithms.cg_math.conjugate_gradient`, shared with the numpy
 baseline, whose arithmetic it repeats exactly except for the row-block mat-vec.
 
 Recovery: with ``checkpoint_every=k``, every rank sends a copy of its state to a checkpoint
@@ -32,7 +32,7 @@ from typing import Any, cast
 import numpy as np
 import ray
 
-from rayflow.hpc.cg_math import CGState, conjugate_gradient
+from rayflow.hpc.algorithms.cg_math import CGState, conjugate_gradient
 from rayflow.hpc.dataset import BlockDataset, dense_matrix
 from rayflow.hpc.stage import StageInfo, mpimap
 
