@@ -25,7 +25,7 @@ PURE = [
     "rayflow.hpc.backends", "rayflow.hpc.backends.transport", "rayflow.hpc.backends.wire",
     "rayflow.hpc.backends.links", "rayflow.hpc.backends.channels", "rayflow.hpc.backends.shm",
     "rayflow.examples.wordcount", "rayflow.runtime.alignment", "rayflow.runtime.plan",
-    "rayflow.runtime.inflight",
+    "rayflow.runtime.inflight", "rayflow.runtime.pace",
 ]
 
 

@@ -102,8 +102,14 @@ def _w5(doc: dict, ctx: _Ctx) -> list[str]:
         lines += [f"Stage recovery: n = {rec['n']}, {rec['ranks']} ranks, one rank killed: "
                   f"{_n(rec['with_killed_rank_s'])} s vs {_n(rec['failure_free_s'])} s failure-"
                   f"free ({_x(rec.get('ratio'))}{runs}, {rec.get('attempts')} attempts{repl}, "
-                  f"max abs diff {_n(rec.get('max_abs_diff'))}{when}; {rec.get('note', '')}).",
-                  ""]
+                  f"max abs diff {_n(rec.get('max_abs_diff'))}{when}; {rec.get('note', '')})."]
+        warm = rec.get("warm")
+        if warm:
+            lines += [f"With warm gangs (the default for a stage without `gang=`), the same pair "
+                      f"takes {_n(warm['with_killed_rank_s'])} s vs {_n(warm['failure_free_s'])} "
+                      f"s ({_x(warm.get('ratio'))}): the failure-free run reuses an idle gang, "
+                      f"the recovery starts the replacement rank."]
+        lines += [""]
     lines += _plot_line(ctx, _plot_w5(ctx, rows), "W5 Cannon GFLOP/s vs n")
 
     top = max(r["ranks"] for r in rows)

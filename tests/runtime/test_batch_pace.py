@@ -11,7 +11,8 @@ import pyarrow as pa
 import pytest
 
 from rayflow.batches import Batch
-from rayflow.runtime.channel import CallPace, Emitter, _part, deal, least_loaded
+from rayflow.runtime.channel import Emitter, _part
+from rayflow.runtime.pace import CallPace, deal, least_loaded
 from rayflow.runtime.plan import OutEdge
 
 # -- the sizing decision -------------------------------------------------------------------

@@ -12,7 +12,8 @@ import ray
 from rayflow.batches import Barrier, Batch, Tick, Watermark, concat, num_rows, rows
 from rayflow.connectors.base import SourceReader, SourceSpec
 from rayflow.operators.watermarks import SourcePosition, SplitWatermarks, split_position
-from rayflow.runtime.channel import BatchSizer, Emitter
+from rayflow.runtime.channel import Emitter
+from rayflow.runtime.pace import BatchSizer
 from rayflow.runtime.tasks.base import StepTask
 
 
