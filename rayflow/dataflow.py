@@ -141,9 +141,9 @@ class Dataflow:
 
     def run(self, **kwargs: Any):
         """Run to completion and return the finished job (see :func:`rayflow.run`)."""
-        from rayflow.runtime.job import run
+        import rayflow  # the package's facade runs it: the API layer never names the runtime
 
-        return run(self, **kwargs)
+        return rayflow.run(self, **kwargs)
 
 
 class Stream:

@@ -74,3 +74,27 @@ def test_pure_modules_import_no_upper_layer():
         bad = {m for m in _top_level_imports(PKG / f"{mod}.py")
                if m == "ray" or m.startswith(upper[1:])}
         assert not bad, f"rayflow/{mod}.py imports {sorted(bad)} at load time"
+
+
+def _all_imports(path: Path) -> set[str]:
+    """Every module imported anywhere in the file, inside functions too."""
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names.add(node.module)
+    return names
+
+
+def test_no_import_cycle_through_the_api():
+    """The API and the pure layers never import the runtime, the HPC stages, deploy or the
+    CLI, not even inside a function (``Dataflow.run`` goes through the ``rayflow`` facade),
+    so no cycle closes lazily either."""
+    upper = ("rayflow.runtime", "rayflow.hpc", "rayflow.deploy", "rayflow.cli")
+    files = [PKG / f"{m}.py" for m in ("dataflow", "config", "checkpoint", "checkpoint_store",
+                                        "batches", "metrics", "errors")]
+    files += [p for d in ("operators", "state", "connectors") for p in (PKG / d).rglob("*.py")]
+    for path in files:
+        bad = {m for m in _all_imports(path) if m.startswith(upper)}
+        assert not bad, f"{path.relative_to(PKG.parent)} imports {sorted(bad)}"
