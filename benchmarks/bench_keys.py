@@ -97,7 +97,7 @@ def run_rayflow(backend: str, keys: int, per_key: int, windows: int) -> dict:
     """One configuration in this process: the window logic on ``backend``."""
     from operator import itemgetter
 
-    from rayflow.operators.base import StepContext
+    from rayflow.core.operators import StepContext
     from rayflow.operators.windows import Count, EventTime, TumblingWindow, Windowed
     from rayflow.state import backend_from_name
 

@@ -9,11 +9,11 @@ Importing rayflow does not import Ray; the runtime starts (or connects to) Ray w
 
 # first: it sets Ray's authentication mode before anything imports Ray
 from rayflow import _raycontext  # noqa: F401
-from rayflow.batches import Field
 from rayflow.config import load_config
 from rayflow.connectors.broker import EmbeddedBroker
 from rayflow.connectors.kafka import KafkaSink, KafkaSource
 from rayflow.connectors.memory import CollectSink, DiscardSink, GeneratorSource, MemorySource
+from rayflow.core.records import Field
 from rayflow.dataflow import Dataflow
 from rayflow.errors import StepError
 

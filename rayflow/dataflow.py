@@ -16,11 +16,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from rayflow.batches import Field
 from rayflow.config import validate_step_options
-from rayflow.connectors.base import SinkSpec, SourceSpec
+from rayflow.core.connectors import SinkSpec, SourceSpec
+from rayflow.core.operators import OperatorSpec
+from rayflow.core.records import Field
 from rayflow.errors import ConfigError
-from rayflow.operators.base import OperatorSpec
 from rayflow.operators.stateless import Filter, FlatMap, Inspect, Map, MapBatches
 
 Partitioning = Literal["forward", "rebalance", "hash", "broadcast"]
@@ -343,7 +343,7 @@ class Stream:
     def key_by(self, key_fn: Callable[[Any], Any] | str) -> Stream:
         """Partition the next step's input by ``key_fn(record)``: records with equal keys go to
         the same instance. For numpy batches ``key_fn`` gets the whole batch and returns one key
-        per row. A string names a field (:class:`~rayflow.batches.Field`): on Arrow batches the
+        per row. A string names a field (:class:`~rayflow.core.records.Field`): on Arrow batches the
         key column is then hashed and windowed vectorized, not record by record."""
         if isinstance(key_fn, str):
             key_fn = Field(key_fn)

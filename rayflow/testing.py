@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rayflow.connectors.base import SinkSpec, SinkWriter
-from rayflow.operators.base import Logic, OperatorSpec
+from rayflow.core.connectors import SinkSpec, SinkWriter
+from rayflow.core.operators import Logic, OperatorSpec
 
 
 def _crash_once(marker: str) -> None:

@@ -2,7 +2,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from rayflow.batches import concat, nbytes, num_rows, partition_indices, stable_hash, take
+from rayflow.core.records import concat, nbytes, num_rows, partition_indices, stable_hash, take
 
 
 def test_num_rows_and_nbytes_per_container():

@@ -14,12 +14,12 @@ PKG = Path(__file__).resolve().parents[1] / "rayflow"
 
 PURE = [
     "rayflow", "rayflow.dataflow", "rayflow.config", "rayflow.checkpoint",
-    "rayflow.checkpoint_store", "rayflow.batches", "rayflow.metrics",
-    "rayflow.operators.base", "rayflow.operators.stateless", "rayflow.operators.windows",
+    "rayflow.checkpoint_store", "rayflow.core.records", "rayflow.metrics",
+    "rayflow.core.operators", "rayflow.operators.stateless", "rayflow.operators.windows",
     "rayflow.operators.windows.logic", "rayflow.operators.keyed", "rayflow.operators.queues",
     "rayflow.operators.watermarks", "rayflow.operators.image", "rayflow.operators.image.tiling",
     "rayflow.state",
-    "rayflow.connectors.base", "rayflow.connectors.memory", "rayflow.connectors.kafka",
+    "rayflow.core.connectors", "rayflow.connectors.memory", "rayflow.connectors.kafka",
     "rayflow.hpc.comm", "rayflow.hpc.reduce", "rayflow.hpc.MPI", "rayflow.hpc.algorithms",
     "rayflow.hpc.algorithms.cannon_index", "rayflow.hpc.algorithms.cg_math",
     "rayflow.hpc.backends", "rayflow.hpc.backends.transport", "rayflow.hpc.backends.wire",
@@ -97,4 +97,13 @@ def test_no_import_cycle_through_the_api():
     files += [p for d in ("operators", "state", "connectors") for p in (PKG / d).rglob("*.py")]
     for path in files:
         bad = {m for m in _all_imports(path) if m.startswith(upper)}
+        assert not bad, f"{path.relative_to(PKG.parent)} imports {sorted(bad)}"
+
+
+def test_the_contracts_import_nothing_but_each_other():
+    """``rayflow/core`` is the bottom layer: every other package imports it, it imports
+    no other part of rayflow (inside functions neither)."""
+    for path in (PKG / "core").rglob("*.py"):
+        bad = {m for m in _all_imports(path)
+               if m.startswith("rayflow") and not m.startswith("rayflow.core")}
         assert not bad, f"{path.relative_to(PKG.parent)} imports {sorted(bad)}"

@@ -13,10 +13,10 @@ from typing import Any
 
 import numpy as np
 
-from rayflow.batches import Items, concat, num_rows
-from rayflow.connectors.base import SinkSpec, SinkWriter, SourceReader, SourceSpec
+from rayflow.core.connectors import SinkSpec, SinkWriter, SourceReader, SourceSpec
+from rayflow.core.operators import Rescaled, StepContext
+from rayflow.core.records import Items, concat, num_rows
 from rayflow.errors import ConfigError
-from rayflow.operators.base import Rescaled, StepContext
 
 
 def _no_rescale(spec: SourceSpec, resume_state: Any) -> None:

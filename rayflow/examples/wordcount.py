@@ -25,7 +25,7 @@ import pyarrow.compute as pc
 import pyarrow.json as pj
 
 import rayflow as rf
-from rayflow.operators.base import Logic, OperatorSpec, Output, describe_exception
+from rayflow.core.operators import Logic, OperatorSpec, Output, describe_exception
 from rayflow.operators.windows import Aggregator, CountWindow, column
 
 MAX_RECORD_BYTES = 10_000

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from rayflow.operators.base import (
+from rayflow.core.operators import (
     Logic,
     OperatorSpec,
     Output,

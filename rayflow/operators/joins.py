@@ -14,7 +14,7 @@
 Output records are ``(key, left, right)`` tuples. Records behind the watermark leave on the
 ``late`` output.
 
-    >>> from rayflow.operators.base import StepContext
+    >>> from rayflow.core.operators import StepContext
     >>> from rayflow.operators.windows import TumblingWindow
     >>> j = WindowJoin(TumblingWindow(10.0), "inner", str, str).build(StepContext("j", 0, 1))
     >>> _ = j.process_input(0, ["a"], None); _ = j.process_input(1, ["a", "b"], None)
@@ -32,8 +32,8 @@ from typing import Any, Literal
 
 import numpy as np
 
-from rayflow.batches import rows
-from rayflow.operators.base import Logic, OperatorSpec, Output, StepContext, describe_exception
+from rayflow.core.operators import Logic, OperatorSpec, Output, StepContext, describe_exception
+from rayflow.core.records import rows
 from rayflow.operators.keyed import _GLOBAL, _StatefulLogic, check_ttl
 from rayflow.operators.queues import KeyDeadlines
 from rayflow.operators.windows import (

@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from rayflow.operators.base import Logic, Output, Rescaled, StepContext, owns
+from rayflow.core.operators import Logic, Output, Rescaled, StepContext, owns
 from rayflow.operators.queues import WindowQueue
 from rayflow.state.backends import MemoryBackend
 

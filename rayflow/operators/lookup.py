@@ -23,7 +23,7 @@ no Ray.
   appearance) and returns their values as a list in the same order or as a dict. The cache
   is not state: after a restore lookups start afresh.
 
-    >>> from rayflow.operators.base import StepContext
+    >>> from rayflow.core.operators import StepContext
     >>> j = LookupJoin(key_fn=lambda r: r[0], table_key=lambda r: r[0]).build(
     ...     StepContext("j", 0, 1))
     >>> _ = j.process_input(1, [("eur", 1.1)], None)
@@ -42,8 +42,8 @@ from typing import Any, Literal
 
 import numpy as np
 
-from rayflow.batches import num_rows, rows
-from rayflow.operators.base import Logic, OperatorSpec, Output, StepContext, describe_exception
+from rayflow.core.operators import Logic, OperatorSpec, Output, StepContext, describe_exception
+from rayflow.core.records import num_rows, rows
 from rayflow.operators.keyed import _GLOBAL, _StatefulLogic, check_ttl
 from rayflow.operators.queues import KeyDeadlines, WindowQueue
 from rayflow.operators.windows.clocks import EventTime, ProcessingTime, _times

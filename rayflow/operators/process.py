@@ -24,7 +24,7 @@ time passes (``on_tick``) and after each batch. A timer is kept once per (key, d
 Outputs of ``process_element`` carry the record's event time, outputs of an event-time timer
 its time (a processing-time timer's is the wall-clock time it was due at).
 
-    >>> from rayflow.operators.base import StepContext
+    >>> from rayflow.core.operators import StepContext
     >>> class Timeout(KeyedProcessFunction):
     ...     def process_element(self, value, ctx):
     ...         ctx.state.update((ctx.state.value() or 0) + 1)
@@ -48,8 +48,8 @@ from typing import Any
 
 import numpy as np
 
-from rayflow.batches import rows
-from rayflow.operators.base import Output, StepContext, describe_exception
+from rayflow.core.operators import Output, StepContext, describe_exception
+from rayflow.core.records import rows
 from rayflow.operators.keyed import _GLOBAL, _StatefulLogic, check_ttl
 
 EVENT_TIME, PROCESSING_TIME = "event_time", "processing_time"

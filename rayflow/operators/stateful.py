@@ -4,7 +4,7 @@ the step's state backend, so it is checkpointed, restored and rescaled with the 
 ``fn(state, value) -> (state, output)``: ``state`` is None the first time a key is seen;
 returning a state of None drops the key's state. Each record emits ``(key, output)``.
 
-    >>> from rayflow.operators.base import StepContext
+    >>> from rayflow.core.operators import StepContext
     >>> def running_sum(total, x):
     ...     total = (total or 0) + x
     ...     return (None if total >= 5 else total), total
@@ -21,8 +21,8 @@ from typing import Any
 
 import numpy as np
 
-from rayflow.batches import rows
-from rayflow.operators.base import OperatorSpec, Output, StepContext, describe_exception
+from rayflow.core.operators import OperatorSpec, Output, StepContext, describe_exception
+from rayflow.core.records import rows
 from rayflow.operators.keyed import TTL, _StatefulLogic, check_ttl
 
 _DROPPED = object()

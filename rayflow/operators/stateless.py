@@ -12,8 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from rayflow.batches import Items, num_rows, rows
-from rayflow.operators.base import (
+from rayflow.core.operators import (
     Logic,
     OperatorSpec,
     Output,
@@ -22,6 +21,7 @@ from rayflow.operators.base import (
     describe_exception,
     drop_positions,
 )
+from rayflow.core.records import Items, num_rows, rows
 
 
 class _ItemLogic(Logic):

@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from rayflow.batches import Watermark
+from rayflow.core.messages import Watermark
 
 NEVER = -math.inf
 
@@ -210,7 +210,7 @@ def split_position(resume: Any) -> tuple[Any, dict | None]:
     """``(reader position, watermark state)`` of a source's resume state: a plain position,
     a :class:`SourcePosition`, or a ``Rescaled`` of either (then each old instance's position
     is unwrapped, and the split watermarks of all old instances are merged)."""
-    from rayflow.operators.base import Rescaled
+    from rayflow.core.operators import Rescaled
 
     if isinstance(resume, SourcePosition):
         return resume.position, resume.watermarks

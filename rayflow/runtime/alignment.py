@@ -24,7 +24,7 @@ timeout, or a failover region restarting) may reach some sources and not others,
 next one follows. As in Flink, a newer barrier abandons the alignment in progress, and an
 older barrier than the newest seen is stale and ignored, so no snapshot ever mixes two cuts:
 
-    >>> from rayflow.batches import Barrier
+    >>> from rayflow.core.messages import Barrier
     >>> a = BarrierAligner([("up", 0), ("up", 1)])
     >>> a.on_barrier(Barrier(1), ("up", 0)), a.is_blocked(("up", 0))
     ([], True)
@@ -41,7 +41,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from rayflow.batches import Barrier
+from rayflow.core.messages import Barrier
 
 Sender = tuple[str, int]
 

@@ -33,7 +33,8 @@ from typing import Any
 import numpy as np
 import ray
 
-from rayflow.batches import Barrier, Batch, EndOfStream, nbytes, partition_indices, take
+from rayflow.core.messages import Barrier, EndOfStream
+from rayflow.core.records import Batch, nbytes, partition_indices, take
 from rayflow.runtime.pace import CallPace, deal, least_loaded, window_calls
 from rayflow.runtime.plan import OutEdge
 

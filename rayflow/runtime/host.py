@@ -18,12 +18,12 @@ from typing import Any
 import ray
 
 from rayflow._log import worker_logging
-from rayflow.batches import Batch
 from rayflow.config import RayflowConfig, StreamOptions, set_current
-from rayflow.connectors.base import SinkSpec
+from rayflow.core.connectors import SinkSpec
+from rayflow.core.operators import StepContext, describe_exception
+from rayflow.core.records import Batch
 from rayflow.dataflow import Step
 from rayflow.errors import START_UP, StepError
-from rayflow.operators.base import StepContext, describe_exception
 from rayflow.runtime.tasks import SourceTask, StepTask, make_task
 
 

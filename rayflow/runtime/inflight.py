@@ -20,7 +20,7 @@ checkpoint) handled all its input: nothing is replayed into it.
 
 Savepoints stay aligned, as in Flink: their barriers travel in the channels.
 
-    >>> from rayflow.batches import Batch
+    >>> from rayflow.core.records import Batch
     >>> b = [Batch([i], None, 0.0) for i in range(3)]
     >>> handles = {("s", 0): UnalignedHandle(5, {("k", 0): ((7, b[0]), (8, b[1]), (9, b[2]))}),
     ...            ("k", 0): UnalignedHandle("state", {}, {("s", 0): 8})}
@@ -38,7 +38,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from rayflow.batches import Batch, partition_indices, take
+from rayflow.core.records import Batch, partition_indices, take
 
 Task = tuple[str, int]
 
@@ -60,7 +60,7 @@ class UnalignedHandle:
     def checkpoint_bytes(self) -> int:
         """Bytes of the state (as :func:`rayflow.metrics.handle_bytes` counts them) and of
         the batches in flight."""
-        from rayflow.batches import nbytes
+        from rayflow.core.records import nbytes
         from rayflow.metrics import handle_bytes
 
         return handle_bytes(self.state) + sum(nbytes(b.items) for msgs in self.inflight.values()

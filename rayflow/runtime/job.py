@@ -15,8 +15,8 @@ import time
 from typing import Any
 
 from rayflow._raycontext import ensure_ray
-from rayflow.batches import concat
 from rayflow.config import RayflowConfig, load_config, with_overrides
+from rayflow.core.records import concat
 from rayflow.dataflow import Dataflow
 from rayflow.errors import ConfigError
 from rayflow.metrics import StepCounters, latency_windows, summarize_latency

@@ -17,9 +17,9 @@ from collections import Counter, defaultdict
 from typing import Any
 
 from rayflow.config import RayflowConfig
+from rayflow.core.operators import Rescaled, StepContext, describe_exception
 from rayflow.dataflow import Dataflow
 from rayflow.errors import START_UP, StepError
-from rayflow.operators.base import Rescaled, StepContext, describe_exception
 from rayflow.operators.watermarks import split_position
 from rayflow.runtime.channel import unwrap
 from rayflow.runtime.plan import chains, make_plan

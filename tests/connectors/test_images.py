@@ -13,7 +13,6 @@ import numpy as np
 import pytest
 
 import rayflow as rf
-from rayflow.connectors.base import LocalSplits, guided_chunk
 from rayflow.connectors.images import (
     BadInput,
     DecodeImage,
@@ -33,7 +32,8 @@ from rayflow.connectors.images import (
 )
 from rayflow.connectors.images.kafka import _KafkaImageReader, _split_resume_state
 from rayflow.connectors.kafka import KafkaMessage
-from rayflow.operators.base import Rescaled, StepContext
+from rayflow.core.connectors import LocalSplits, guided_chunk
+from rayflow.core.operators import Rescaled, StepContext
 
 CTX = StepContext("s", 0, 1)
 

@@ -118,7 +118,7 @@ def test_every_client_of_an_exactly_once_sink_gets_the_connection_options(
     client; producer-only options stay with the producer; the job's kafka.options (config)
     reach them under the sink's own."""
     from rayflow.config import load_config, set_current
-    from rayflow.operators.base import StepContext
+    from rayflow.core.operators import StepContext
 
     topic = new_topic(1)
     sink = rf.KafkaSink(topic, bootstrap=kafka_broker.bootstrap,

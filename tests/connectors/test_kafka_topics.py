@@ -10,7 +10,7 @@ import pytest
 import rayflow as rf
 from rayflow.connectors.kafka import KafkaSource
 from rayflow.connectors.kafka.source import _KafkaReader
-from rayflow.operators.base import Rescaled, StepContext
+from rayflow.core.operators import Rescaled, StepContext
 from rayflow.operators.windows import Count, EventTime, TumblingWindow
 from rayflow.testing import wait_for
 

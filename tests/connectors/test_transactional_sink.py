@@ -10,7 +10,7 @@ from kafka import KafkaConsumer, TopicPartition
 
 import rayflow as rf
 from rayflow.connectors.kafka.transactional import EPOCH_HEADER, TransactionalState
-from rayflow.operators.base import StepContext
+from rayflow.core.operators import StepContext
 
 
 def _committed(bootstrap, topic, expect, timeout_s=20):

@@ -8,7 +8,7 @@ import math
 
 import numpy as np
 
-from rayflow.operators.base import Rescaled, StepContext, owns
+from rayflow.core.operators import Rescaled, StepContext, owns
 
 
 def partitions(records, parts=3, delay=2.0, seed=0, time=lambda r: r[1]):

@@ -6,7 +6,7 @@ import cv2
 import numpy as np
 import pytest
 
-from rayflow.operators.base import StepContext
+from rayflow.core.operators import StepContext
 from rayflow.operators.image import (
     ROW_ALIGN_PX,
     BoxFilter,

@@ -6,7 +6,7 @@ from collections import Counter, defaultdict
 import numpy as np
 import pytest
 
-from rayflow.operators.base import Rescaled, StepContext
+from rayflow.core.operators import Rescaled, StepContext
 from rayflow.operators.joins import IntervalJoin, WindowJoin
 from rayflow.operators.windows import EventTime, SessionWindow, SlidingWindow, TumblingWindow
 from rayflow.state import backend_from_name
@@ -135,7 +135,7 @@ def test_window_join_state_is_restored_and_rescaled(ctx):
     assert sorted(b.on_watermark(10.0).items) == [
         ("x", ("x", 1.0, "l1"), ("x", 3.0, "r1")), ("y", ("y", 2.0, "l2"), ("y", 4.0, "r2"))]
     # rescaled to two instances: each takes the keys it owns
-    from rayflow.operators.base import owns
+    from rayflow.core.operators import owns
 
     got = []
     for i in range(2):

@@ -6,7 +6,7 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from rayflow.operators.base import StepContext
+from rayflow.core.operators import StepContext
 from rayflow.operators.lookup import EnrichCached, LookupJoin
 from rayflow.operators.windows import EventTime
 from tests.operators._drive import (

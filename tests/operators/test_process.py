@@ -7,7 +7,7 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from rayflow.operators.base import StepContext
+from rayflow.core.operators import StepContext
 from rayflow.operators.process import KeyedProcessFunction, Process, TimerQueue
 from tests.operators._drive import (
     collect,

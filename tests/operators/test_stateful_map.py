@@ -5,7 +5,7 @@ from collections import defaultdict
 import numpy as np
 import pytest
 
-from rayflow.operators.base import Rescaled, StepContext, owns
+from rayflow.core.operators import Rescaled, StepContext, owns
 from rayflow.operators.stateful import StatefulMap
 from rayflow.state import backend_from_name
 

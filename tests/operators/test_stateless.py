@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from rayflow.operators.base import StepContext, apply_each
+from rayflow.core.operators import StepContext, apply_each
 from rayflow.operators.stateless import Filter, FlatMap, Map, MapBatches
 
 CTX = StepContext("s", 2, 4)

@@ -6,8 +6,8 @@ import math
 import numpy as np
 import pytest
 
-from rayflow.batches import Watermark
-from rayflow.operators.base import Rescaled
+from rayflow.core.messages import Watermark
+from rayflow.core.operators import Rescaled
 from rayflow.operators.watermarks import (
     InputWatermarks,
     SourcePosition,

@@ -5,8 +5,8 @@ from collections import Counter, defaultdict
 import numpy as np
 import pytest
 
-from rayflow.batches import Field
-from rayflow.operators.base import StepContext
+from rayflow.core.operators import StepContext
+from rayflow.core.records import Field
 from rayflow.operators.windows import (
     Count,
     CountWindow,
@@ -273,7 +273,7 @@ def test_columnar_count_window_null_key_and_null_value_fall_back_per_record(ctx)
 
 
 def test_field_partitioning_matches_per_record_hash():
-    from rayflow.batches import partition_indices, stable_hash
+    from rayflow.core.records import partition_indices, stable_hash
 
     table = _arrow_batches(500, 6)
     groups = partition_indices(table, Field("word"), 3)

@@ -6,8 +6,8 @@ import json
 
 import pyarrow as pa
 
+from rayflow.core.operators import StepContext
 from rayflow.examples.wordcount import ParseSentences, parse, parse_batch, sentences
-from rayflow.operators.base import StepContext
 
 
 def _expected(records):

@@ -8,7 +8,7 @@ from collections import deque
 
 import pytest
 
-from rayflow.batches import Barrier
+from rayflow.core.messages import Barrier
 from rayflow.runtime.alignment import Aligned, BarrierAligner
 
 END = "end"

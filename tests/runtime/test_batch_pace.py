@@ -10,7 +10,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from rayflow.batches import Batch
+from rayflow.core.records import Batch
 from rayflow.runtime.channel import Emitter, _part
 from rayflow.runtime.pace import CallPace, deal, least_loaded
 from rayflow.runtime.plan import OutEdge

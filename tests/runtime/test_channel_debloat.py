@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from rayflow.batches import Batch
+from rayflow.core.records import Batch
 from rayflow.runtime.plan import OutEdge
 
 

@@ -23,8 +23,8 @@ from collections import Counter
 import pytest
 
 import rayflow as rf
-from rayflow.connectors.base import FINAL_EPOCH
 from rayflow.connectors.kafka import create_topic, produce, read_values
+from rayflow.core.connectors import FINAL_EPOCH
 from rayflow.operators.windows import Count, CountWindow, Reduce
 from rayflow.testing import CrashBeforeCommit, CrashDuringCommit, wait_for
 
@@ -268,7 +268,7 @@ def test_coordinator_lost_after_the_sources_finished(ray_session, kafka_broker):
                                       "extra", got - Counter(range(n)))
 
 
-class _SlowRestoreSink(rf.connectors.base.SinkSpec):
+class _SlowRestoreSink(rf.core.connectors.SinkSpec):
     """``inner``, whose restored instances take seconds to build: a window in which a
     recovery has started the new coordinator but not yet attached the new tasks to it."""
 

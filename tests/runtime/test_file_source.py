@@ -11,8 +11,8 @@ import pytest
 
 import rayflow as rf
 from rayflow.connectors.images import DirectorySource
+from rayflow.core.operators import StepContext
 from rayflow.errors import StepError
-from rayflow.operators.base import StepContext
 from rayflow.operators.stateless import Map
 from rayflow.operators.windows import Count, CountWindow
 from rayflow.testing import CrashDuringCheckpoint

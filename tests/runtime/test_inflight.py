@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from rayflow.batches import Barrier, Batch
+from rayflow.core.messages import Barrier
+from rayflow.core.records import Batch
 from rayflow.runtime.alignment import Abandoned, Aligned, BarrierAligner
 from rayflow.runtime.inflight import UnalignedHandle, replay, state_of
 
@@ -46,7 +47,7 @@ def test_rescaled_receivers_get_the_batches_where_their_edge_sends_them_now():
                ("k", 0): UnalignedHandle(0), ("m", 0): UnalignedHandle(0)}
     routes = {("s", "k"): ("hash", lambda x: x), ("s", "m"): ("rebalance", None)}
     got = replay(handles, frozenset(), {"k": 3, "m": 2}, routes)
-    from rayflow.batches import stable_hash
+    from rayflow.core.records import stable_hash
 
     for j in range(3):  # each record goes to the instance its key hashes to
         assert sorted(x for _, b in got.get(("k", j), []) for x in b.items) == \

@@ -11,9 +11,10 @@ import time
 import pytest
 
 import rayflow as rf
-from rayflow.batches import Barrier, Batch, EndOfStream
 from rayflow.config import StreamOptions
-from rayflow.operators.base import StepContext
+from rayflow.core.messages import Barrier, EndOfStream
+from rayflow.core.operators import StepContext
+from rayflow.core.records import Batch
 from rayflow.runtime.plan import OutEdge
 
 # -- the receiver reports its own time ----------------------------------------------------

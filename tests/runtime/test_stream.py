@@ -102,7 +102,7 @@ class _TagInstance(rf.dataflow.OperatorSpec):
     """Tags each record with the index of the instance that processed it."""
 
     def build(self, ctx, resume_state=None):
-        from rayflow.operators.base import Logic, Output
+        from rayflow.core.operators import Logic, Output
 
         class L(Logic):
             def process(self, items, times):
@@ -150,9 +150,9 @@ def test_dead_letters_are_routed_and_counted(ray_session):
                for d in dead)
 
 
-class _SlowSink(rf.connectors.base.SinkSpec):
+class _SlowSink(rf.core.connectors.SinkSpec):
     def build(self, ctx, resume_state=None):
-        from rayflow.connectors.base import SinkWriter
+        from rayflow.core.connectors import SinkWriter
 
         class W(SinkWriter):
             def write(self, items, times, in_time):
@@ -161,7 +161,7 @@ class _SlowSink(rf.connectors.base.SinkSpec):
         return W()
 
 
-class _FailsAtEndSink(rf.connectors.base.SinkSpec):
+class _FailsAtEndSink(rf.core.connectors.SinkSpec):
     """Writes every batch, then fails to flush at its end of stream: with a user error, or
     with a Ray error (it flushes through ``service``, an actor that has died)."""
 
@@ -169,7 +169,7 @@ class _FailsAtEndSink(rf.connectors.base.SinkSpec):
         self.service = service
 
     def build(self, ctx, resume_state=None):
-        from rayflow.connectors.base import SinkWriter
+        from rayflow.core.connectors import SinkWriter
 
         service = self.service
 
@@ -227,11 +227,11 @@ def test_a_sink_lost_to_a_ray_error_at_its_end_is_not_finished(ray_session):
     assert job.status() == "FAILED" and len(job.recoveries) == 1
 
 
-class _RefusesCommitSink(rf.connectors.base.SinkSpec):
+class _RefusesCommitSink(rf.core.connectors.SinkSpec):
     """A two-phase-commit sink whose commit fails (as a transaction the broker refused)."""
 
     def build(self, ctx, resume_state=None):
-        from rayflow.connectors.base import SinkWriter
+        from rayflow.core.connectors import SinkWriter
 
         class W(SinkWriter):
             def write(self, items, times, in_time):

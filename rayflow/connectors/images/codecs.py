@@ -12,17 +12,17 @@ from typing import Any, Literal, NamedTuple
 
 import numpy as np
 
-from rayflow.batches import brief
-from rayflow.connectors.base import (
+from rayflow.core.connectors import (
     SinkWriter,
 )
-from rayflow.operators.base import (
+from rayflow.core.operators import (
     DeadLetter,
     Logic,
     OperatorSpec,
     Output,
     StepContext,
 )
+from rayflow.core.records import brief
 from rayflow.operators.image.filters import CvLogic
 from rayflow.operators.image.tiling import Tile
 

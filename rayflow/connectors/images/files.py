@@ -16,7 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from rayflow.connectors.base import (
+from rayflow.connectors.images.codecs import BadInput, MiB, _EncodingWriter, encode_image
+from rayflow.core.connectors import (
     SinkSpec,
     SinkWriter,
     SourceReader,
@@ -24,8 +25,7 @@ from rayflow.connectors.base import (
     SplitEnumerator,
     guided_chunk,
 )
-from rayflow.connectors.images.codecs import BadInput, MiB, _EncodingWriter, encode_image
-from rayflow.operators.base import (
+from rayflow.core.operators import (
     Rescaled,
     StepContext,
 )
@@ -37,7 +37,7 @@ class DirectorySource(SourceSpec):
     """Files of a directory as ``(path, bytes)`` records, in name order.
 
     Under the runtime the files are handed out on request by the step's
-    :class:`~rayflow.connectors.base.SplitEnumerator` (as Flink's FileSource does): in
+    :class:`~rayflow.core.connectors.SplitEnumerator` (as Flink's FileSource does): in
     guided chunks, large at first and one file at the end, so parallel readers finish
     together even when one runs slower. Without an enumerator (a reader built on its own)
     instance ``i`` of ``n`` reads every ``n``-th file. With ``watch=True`` the directory is
@@ -161,7 +161,7 @@ class _Scanner:
 
 class _FileEnumerator(SplitEnumerator):
     """The files of a :class:`DirectorySource` in guided chunks (see
-    :func:`~rayflow.connectors.base.guided_chunk`). The first scan happens at the first
+    :func:`~rayflow.core.connectors.guided_chunk`). The first scan happens at the first
     request, where the enumerator lives."""
 
     def __init__(self, spec: DirectorySource, parallelism: int, finished: set[str]):

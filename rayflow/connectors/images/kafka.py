@@ -11,14 +11,14 @@ from typing import Any, Literal
 
 import numpy as np
 
-from rayflow.connectors.base import (
+from rayflow.connectors.images.codecs import BadInput, MiB, _EncodingWriter
+from rayflow.core.connectors import (
     SinkSpec,
     SinkWriter,
     SourceReader,
     SourceSpec,
 )
-from rayflow.connectors.images.codecs import BadInput, MiB, _EncodingWriter
-from rayflow.operators.base import (
+from rayflow.core.operators import (
     Rescaled,
     StepContext,
 )

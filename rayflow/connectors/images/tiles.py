@@ -8,13 +8,13 @@ from typing import Any
 
 import numpy as np
 
-from rayflow.connectors.base import (
+from rayflow.core.connectors import (
     SinkSpec,
     SinkWriter,
     SourceReader,
     SourceSpec,
 )
-from rayflow.operators.base import (
+from rayflow.core.operators import (
     StepContext,
 )
 from rayflow.operators.image.tiling import Halo, Tile, cut_tile, place_tile, tile_regions

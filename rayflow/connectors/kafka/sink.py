@@ -7,7 +7,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from rayflow.connectors.base import SinkSpec, SinkWriter
 from rayflow.connectors.kafka.clients import (
     _READ_COMMITTED,
     Client,
@@ -22,7 +21,8 @@ from rayflow.connectors.kafka.clients import (
 )
 from rayflow.connectors.kafka.transactional import _TransactionalWriter
 from rayflow.connectors.kafka.writer import _KafkaWriter
-from rayflow.operators.base import StepContext
+from rayflow.core.connectors import SinkSpec, SinkWriter
+from rayflow.core.operators import StepContext
 
 
 @dataclass(frozen=True)

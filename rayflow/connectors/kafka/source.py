@@ -11,7 +11,6 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from rayflow.connectors.base import SourceReader, SourceSpec
 from rayflow.connectors.kafka.clients import (
     Client,
     Start,
@@ -21,7 +20,8 @@ from rayflow.connectors.kafka.clients import (
     default_bootstrap,
     resolve_client,
 )
-from rayflow.operators.base import Rescaled, StepContext
+from rayflow.core.connectors import SourceReader, SourceSpec
+from rayflow.core.operators import Rescaled, StepContext
 
 
 class KafkaMessage(NamedTuple):

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rayflow.connectors.kafka.writer import _KafkaWriter
-from rayflow.operators.base import Rescaled
+from rayflow.core.operators import Rescaled
 
 #: The header that names each record of an exactly-once sink: ``writer:epoch:seq``.
 EPOCH_HEADER = "rayflow.epoch"

@@ -6,9 +6,9 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
-from rayflow.batches import brief
-from rayflow.connectors.base import SinkWriter
-from rayflow.operators.base import DeadLetter, StepContext
+from rayflow.core.connectors import SinkWriter
+from rayflow.core.operators import DeadLetter, StepContext
+from rayflow.core.records import brief
 
 if TYPE_CHECKING:
     from rayflow.connectors.kafka.sink import KafkaSink

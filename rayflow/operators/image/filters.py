@@ -8,7 +8,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from rayflow.operators.base import Logic, OperatorSpec, Output, StepContext, describe_exception
+from rayflow.core.operators import Logic, OperatorSpec, Output, StepContext, describe_exception
 from rayflow.operators.image.tiling import (
     _LINEAR_BORDERS,
     Border,

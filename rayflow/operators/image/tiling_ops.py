@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from rayflow.operators.base import Logic, OperatorSpec, Output, StepContext, describe_exception
+from rayflow.core.operators import Logic, OperatorSpec, Output, StepContext, describe_exception
 from rayflow.operators.image.filters import _Filter, _label, _where
 from rayflow.operators.image.tiling import Tile, place_tile, split_tiles
 

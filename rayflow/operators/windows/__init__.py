@@ -10,7 +10,7 @@ Records whose windows have all closed are *late*: they leave on the ``late`` out
 never dropped silently. Window state lives in the step's state backend, so it is part of
 every checkpoint. Pure logic: no Ray.
 
-    >>> from rayflow.operators.base import StepContext
+    >>> from rayflow.core.operators import StepContext
     >>> logic = Windowed(CountWindow(2), Count(), key_fn=str).build(StepContext("w", 0, 1))
     >>> [(r.key, r.value) for r in logic.process(["a", "b", "a"], None).items]
     [('a', 2)]

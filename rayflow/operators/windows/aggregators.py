@@ -10,7 +10,7 @@ from typing import Any, Generic, TypeVar
 
 import numpy as np
 
-from rayflow.batches import Field
+from rayflow.core.records import Field
 
 A = TypeVar("A")
 

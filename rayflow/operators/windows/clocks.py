@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from rayflow.batches import num_rows, rows
+from rayflow.core.records import num_rows, rows
 
 
 @dataclass(frozen=True)

@@ -11,8 +11,8 @@ from typing import Any
 
 import numpy as np
 
-from rayflow.batches import key_codes, rows
-from rayflow.operators.base import Logic, OperatorSpec, Output, StepContext, describe_exception
+from rayflow.core.operators import Logic, OperatorSpec, Output, StepContext, describe_exception
+from rayflow.core.records import key_codes, rows
 from rayflow.operators.keyed import _GLOBAL, _is_ttl, _StatefulLogic, check_ttl
 from rayflow.operators.queues import WindowEnds, WindowQueue
 from rayflow.operators.windows.aggregators import Aggregator, Reduce

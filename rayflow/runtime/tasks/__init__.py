@@ -17,9 +17,9 @@ from __future__ import annotations
 from typing import Any
 
 from rayflow.config import StreamOptions
-from rayflow.connectors.base import SinkSpec
+from rayflow.core.connectors import SinkSpec
+from rayflow.core.operators import StepContext
 from rayflow.dataflow import Step
-from rayflow.operators.base import StepContext
 from rayflow.runtime.tasks.base import StepTask
 from rayflow.runtime.tasks.operator import OperatorTask
 from rayflow.runtime.tasks.sink import SinkTask

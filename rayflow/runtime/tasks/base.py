@@ -12,13 +12,14 @@ from typing import Any
 
 import ray
 
-from rayflow.batches import Barrier, Batch, EndOfStream, Tick, Watermark, brief
 from rayflow.config import StreamOptions
-from rayflow.connectors.base import SinkSpec
+from rayflow.core.connectors import SinkSpec
+from rayflow.core.messages import Barrier, EndOfStream, Tick, Watermark
+from rayflow.core.operators import DeadLetter, StepContext, describe_exception
+from rayflow.core.records import Batch, brief
 from rayflow.dataflow import Step
 from rayflow.errors import StepError
 from rayflow.metrics import LatencyRecorder, StepCounters, StepExporter, handle_bytes
-from rayflow.operators.base import DeadLetter, StepContext, describe_exception
 from rayflow.operators.watermarks import InputWatermarks
 from rayflow.runtime.alignment import Aligned, BarrierAligner
 from rayflow.runtime.channel import Emitter, unwrap

@@ -7,8 +7,9 @@ import threading
 import time
 from typing import Any, cast
 
-from rayflow.batches import Batch, Tick, Watermark, num_rows
-from rayflow.operators.base import DeadLetter, Logic, OperatorSpec, Output
+from rayflow.core.messages import Tick, Watermark
+from rayflow.core.operators import DeadLetter, Logic, OperatorSpec, Output
+from rayflow.core.records import Batch, num_rows
 from rayflow.runtime.tasks.base import StepTask
 
 

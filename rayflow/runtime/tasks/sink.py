@@ -9,10 +9,11 @@ from typing import Any, cast
 
 import ray
 
-from rayflow.batches import Barrier, Batch, Tick, Watermark
-from rayflow.connectors.base import FINAL_EPOCH, SinkSpec, SinkWriter
+from rayflow.core.connectors import FINAL_EPOCH, SinkSpec, SinkWriter
+from rayflow.core.messages import Barrier, Tick, Watermark
+from rayflow.core.operators import describe_exception
+from rayflow.core.records import Batch
 from rayflow.errors import StepError
-from rayflow.operators.base import describe_exception
 from rayflow.runtime.channel import unwrap
 from rayflow.runtime.tasks.base import StepTask
 

@@ -9,8 +9,9 @@ from typing import Any, cast
 import numpy as np
 import ray
 
-from rayflow.batches import Barrier, Batch, Tick, Watermark, concat, num_rows, rows
-from rayflow.connectors.base import SourceReader, SourceSpec
+from rayflow.core.connectors import SourceReader, SourceSpec
+from rayflow.core.messages import Barrier, Tick, Watermark
+from rayflow.core.records import Batch, concat, num_rows, rows
 from rayflow.operators.watermarks import SourcePosition, SplitWatermarks, split_position
 from rayflow.runtime.channel import Emitter
 from rayflow.runtime.pace import BatchSizer
