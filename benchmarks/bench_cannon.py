@@ -19,6 +19,7 @@ import sys
 import time
 from pathlib import Path
 from statistics import median
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -67,22 +68,12 @@ def measure_recovery(n: int, p: int, reps: int) -> dict:
     of either time at small n); a second pair runs with warm gangs, as a stage without
     ``gang=`` does by default: the failure-free run then reuses an idle gang, and the
     recovery pays for starting the replacement rank."""
-    import os
-
+    from rayflow.config import load_config
     from rayflow.hpc.pool import warm_gangs
 
-    env = "RAYFLOW_HPC__WARM_GANG_IDLE_S"
-    before = os.environ.get(env)
     warm_gangs.clear()
-    os.environ[env] = "0"
-    try:
-        cold = _recovery_pairs(n, p, reps)
-    finally:
-        if before is None:
-            os.environ.pop(env, None)
-        else:
-            os.environ[env] = before
-    warm = _recovery_pairs(n, p, reps)
+    cold = _recovery_pairs(n, p, reps, load_config(hpc={"warm_gang_idle_s": 0}).hpc)
+    warm = _recovery_pairs(n, p, reps, load_config().hpc)
     warm_gangs.clear()
     out = {**cold, "warm": {k: warm[k] for k in ("failure_free_s", "with_killed_rank_s",
                                                   "ratio", "ranks_replaced")}}
@@ -91,7 +82,8 @@ def measure_recovery(n: int, p: int, reps: int) -> dict:
     return out
 
 
-def _recovery_pairs(n: int, p: int, reps: int) -> dict:
+def _recovery_pairs(n: int, p: int, reps: int, hpc: Any) -> dict:
+    """``reps`` pairs of runs with ``hpc`` (the stages' options: warm gangs or not)."""
     from rayflow.hpc import BlockDataset, cannon_matmul, mpimap
     from rayflow.hpc.algorithms.cannon_index import skew_a_source, skew_b_source
 
@@ -102,10 +94,10 @@ def _recovery_pairs(n: int, p: int, reps: int) -> dict:
     t_ok, t_rec, rec_err, replaced, attempts = [], [], 0.0, [], []
     for _ in range(reps):
         t0 = time.perf_counter()
-        ok = cannon_matmul(A, A)
+        ok = cannon_matmul(A, A, options=hpc)
         t_ok.append(time.perf_counter() - t0)
         t0 = time.perf_counter()
-        rec = mpimap(_cannon_with_fault, a_s, b_s, rank_num_cpus=1)
+        rec = mpimap(_cannon_with_fault, a_s, b_s, rank_num_cpus=1, options=hpc)
         t_rec.append(time.perf_counter() - t0)
         rec_err = max(rec_err, float(np.abs(rec.to_numpy() - ok.to_numpy()).max()))
         replaced.append(rec.stage.ranks_replaced)
@@ -116,8 +108,9 @@ def _recovery_pairs(n: int, p: int, reps: int) -> dict:
            "attempts": max(attempts), "ranks_replaced": max(replaced), "max_abs_diff": rec_err,
            "machine": machine_info(),
            "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-           "note": "both runs start their own gang (warm gangs off); only the killed rank "
-                   "is replaced"}
+           "note": ("both runs start their own gang (warm gangs off)"
+                    if hpc.warm_gang_idle_s == 0 else "warm gangs on")
+                   + "; only the killed rank is replaced"}
     print(f"recovery: {out['with_killed_rank_s']:.2f}s vs {out['failure_free_s']:.2f}s "
           f"failure-free ({out['ratio']}x), ranks replaced {replaced}", flush=True)
     return out
