@@ -243,8 +243,6 @@ class Launcher:
         """Kill every step actor (and the coordinator unless kept) and wait until they are
         dead. ``clean`` (a job that ended well): each actor first exits by itself, so that
         Ray exports its last metrics; one still alive after EXIT_GRACE_S is killed."""
-        import ray
-
         actors = self.actors()
         if clean and actors:
             for h in actors:
@@ -256,14 +254,7 @@ class Launcher:
         if not keep_coordinator and self.coordinator is not None:
             actors.append(self.coordinator)
             self.coordinator = None
-        for h in actors:
-            try:
-                ray.kill(h, no_restart=True)
-            except Exception:  # noqa: BLE001 - already gone
-                pass
-        # ray.kill is asynchronous: return only once every actor is gone, so that a job
-        # that stopped holds no actor (and no call reaches an old instance)
-        wait_dead(actors, timeout_s=30.0)
+        kill(actors)
         self.hosts.clear()
         self._runs = {}
 
@@ -275,6 +266,19 @@ def _spread_nodes() -> list[str]:
     nodes = sorted(n["NodeID"] for n in ray.nodes()
                    if n.get("Alive") and n.get("Resources", {}).get("CPU", 0) > 0)
     return nodes if len(nodes) > 1 else []
+
+
+def kill(handles: list[Any]) -> None:
+    """Kill these actors and return once every one is gone (ray.kill is asynchronous), so
+    that no call reaches an old instance after this."""
+    import ray
+
+    for h in handles:
+        try:
+            ray.kill(h, no_restart=True)
+        except Exception:  # noqa: BLE001 - already gone
+            pass
+    wait_dead(handles, timeout_s=30.0)
 
 
 def wait_dead(handles: list[Any], timeout_s: float) -> None:

@@ -21,7 +21,7 @@ from rayflow.config import RayflowConfig
 from rayflow.dataflow import Dataflow
 from rayflow.errors import StepError
 from rayflow.runtime.channel import unwrap
-from rayflow.runtime.launcher import Launcher, wait_dead
+from rayflow.runtime.launcher import Launcher, kill
 
 POLL_S = 0.5
 log = logging.getLogger(__name__)
@@ -144,13 +144,7 @@ class Supervisor(Launcher):
             return False
         if restore is None:
             return False
-        old = {h._actor_id: h for k, h in self.hosts.items() if k in region}
-        for h in old.values():
-            try:
-                ray.kill(h, no_restart=True)
-            except Exception:  # noqa: BLE001 - already gone
-                pass
-        wait_dead(list(old.values()), timeout_s=30.0)
+        kill(list({h._actor_id: h for k, h in self.hosts.items() if k in region}.values()))
         for k in region:
             self.hosts.pop(k, None)
         latest = restore["latest"]
