@@ -20,6 +20,7 @@ class OperatorTask(StepTask):
     def _build(self, resume_state: Any) -> None:
         self._snapshots: list[tuple[int, Any]] = []  # this instance's, not yet subsumed
         self._discard_lock = threading.Lock()  # held while older snapshots are deleted
+        self._released = False  # the job ended: a later snapshot is deleted at once
         self.logic: Logic = cast(OperatorSpec, self.step.spec).build(self.ctx, resume_state)
         self.logic.open()
 
@@ -69,7 +70,11 @@ class OperatorTask(StepTask):
         handle = self.logic.snapshot()
         if handle is not None:
             with self._lock:
-                self._snapshots.append((checkpoint_id, handle))
+                late = self._released
+                if not late:
+                    self._snapshots.append((checkpoint_id, handle))
+            if late:  # taken after the job ended (its actor exiting): nothing will need it
+                self.logic.discard(handle)
         return handle
 
     def notify_complete(self, checkpoint_id: int, final: frozenset = frozenset()) -> None:
@@ -90,7 +95,7 @@ class OperatorTask(StepTask):
         the job ends, and the actor is killed right after)."""
         with self._discard_lock:
             with self._lock:
-                old, self._snapshots = self._snapshots, []
+                old, self._snapshots, self._released = self._snapshots, [], True
             for _, handle in old:
                 self.logic.discard(handle)
 
