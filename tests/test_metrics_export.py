@@ -124,6 +124,9 @@ def test_a_finished_jobs_actors_exit_by_themselves_a_cancelled_ones_are_killed(r
         assert "killed by `ray.kill`" in _death(ray_session, h)
 
 
+# slow: it waits on Ray's 10 s metrics report; a clean-clone run under heavy load (twice
+# the usual time) failed twice near this file, not yet attributed: kept out of the fast suite
+@pytest.mark.slow
 def test_a_jobs_series_reach_prometheus_with_its_labels_and_counts(ray_session):
     job_name = f"metrics-{uuid.uuid4().hex[:8]}"
     job = rf.run(_slow_flow(job_name, 1000), background=True, checkpoint={"interval_s": 0.3},
