@@ -241,8 +241,7 @@ class _TimeLogic(_StatefulLogic):
             if not placed:
                 late.append(rec)
                 late_t.append(t)
-        for skey, acc in cache.items():
-            state.put(skey, acc)
+        state.put_many(list(cache.items()))  # one call: a write batch on RocksDB
         if self.ttl_s is not None:
             self.touch({skey[1]: None for skey in cache})
         side = {"late": (late, np.asarray(late_t, dtype=np.float64))} if late else {}
