@@ -99,14 +99,20 @@ def _dir_bytes(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
 
+def _gc_as_in_a_step_actor() -> None:
+    """Python's garbage collector set as a step actor of a default job sets it."""
+    from rayflow.config import load_config
+    from rayflow.runtime.host import tune_gc
+
+    tune_gc(load_config().stream)
+
+
 def run_rayflow(backend: str, keys: int, per_key: int, windows: int) -> dict:
     """One configuration in this process: the window logic on ``backend``."""
     from operator import itemgetter
 
-    from rayflow.config import load_config
     from rayflow.core.operators import StepContext
     from rayflow.operators.windows import Count, EventTime, TumblingWindow, Windowed
-    from rayflow.runtime.host import tune_gc
     from rayflow.state import backend_from_name
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-keys-"))
@@ -117,7 +123,7 @@ def run_rayflow(backend: str, keys: int, per_key: int, windows: int) -> dict:
     warm.on_end()
     base = _uss()
     logic = spec.build(StepContext("win", 0, 1, "bench", backend_from_name(backend, str(tmp))))
-    tune_gc(load_config().stream)  # the garbage collector as a step actor sets it, steps built
+    _gc_as_in_a_step_actor()  # (the steps are built)
     peak, disk, fired, n, probed = 0, 0, 0, 0, False
     half = keys * per_key
     t0 = time.perf_counter()
@@ -146,11 +152,8 @@ def run_rayflow(backend: str, keys: int, per_key: int, windows: int) -> dict:
 def run_plain(keys: int, per_key: int, windows: int) -> dict:
     """The baseline: nested dicts ``{window start: {key: count}}``, fired by the watermark,
     with the garbage collector set as for the step (a baseline no worse tuned)."""
-    from rayflow.config import load_config
-    from rayflow.runtime.host import tune_gc
-
     batches = list(_batches(keys, per_key, windows))
-    tune_gc(load_config().stream)
+    _gc_as_in_a_step_actor()
     base = _uss()
     open_: dict[float, dict] = {}
     peak, fired, n, probed = 0, 0, 0, False

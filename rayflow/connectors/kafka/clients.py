@@ -69,7 +69,7 @@ _READ_COMMITTED = {"kafka-python": {"isolation_level": "read_committed"},
 
 class _ReadBack(abc.ABC):
     """Reading a topic back (an exactly-once sink's restore), over a consumer adapter's
-    ``partitions``, ``watermarks``, ``assign_tps`` and its ``_headers``/``_position``."""
+    ``partitions``, ``watermarks``, ``assign_tps`` and its ``_headers``/``next_offsets``."""
 
     @abc.abstractmethod
     def partitions(self, topic: str) -> set[int]:
@@ -89,7 +89,7 @@ class _ReadBack(abc.ABC):
         """One poll: the values of header ``key`` (None when the poll returned nothing)."""
 
     @abc.abstractmethod
-    def _position(self, topic: str, parts: Iterable[int]) -> dict[int, int]:
+    def next_offsets(self, topic: str, parts: Iterable[int]) -> dict[int, int]:
         """The next offset to read of each partition."""
 
     def end_offsets(self, topic) -> dict[int, int]:
@@ -112,7 +112,7 @@ class _ReadBack(abc.ABC):
             got = self._headers(key)
             idle = 0 if got is not None else idle + 1
             out.extend(got or ())
-            at_end = all(o >= target[p] for p, o in self._position(topic, start).items())
+            at_end = all(o >= target[p] for p, o in self.next_offsets(topic, start).items())
             if idle >= 2 and (at_end or idle >= 20):
                 return out
         raise TimeoutError(f"reading topic {topic!r} back took over {timeout_s:.0f} s")
@@ -161,7 +161,7 @@ class _KPConsumer(_ReadBack):
             return None
         return [v for recs in got.values() for r in recs for k, v in (r.headers or ()) if k == key]
 
-    def _position(self, topic, parts) -> dict[int, int]:
+    def next_offsets(self, topic, parts) -> dict[int, int]:
         from kafka import TopicPartition
 
         return {p: self.consumer.position(TopicPartition(topic, p)) for p in parts}
@@ -260,7 +260,7 @@ class _ConfluentConsumer(_ReadBack):
                     out.append(header[1])
         return out
 
-    def _position(self, topic, parts) -> dict[int, int]:
+    def next_offsets(self, topic, parts) -> dict[int, int]:
         from confluent_kafka import TopicPartition
 
         got = self.consumer.position([TopicPartition(topic, p) for p in parts])

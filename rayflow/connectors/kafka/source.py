@@ -205,12 +205,13 @@ class _KafkaReader(SourceReader):
         self.c.assign_tps(probe)
         true_end = dict(end)
 
+        by_topic: dict[str, list[int]] = {}
+        for t, p in probe:
+            by_topic.setdefault(t, []).append(p)
+
         def reached() -> bool:  # every probed partition read past its reported end - 1
-            for t in {tp[0] for tp in probe}:
-                at = self.c._position(t, [p for tt, p in probe if tt == t])
-                if any(at[p] < end[(t, p)] for tt, p in probe if tt == t):
-                    return False
-            return True
+            return all(o >= end[(t, p)] for t, parts in by_topic.items()
+                       for p, o in self.c.next_offsets(t, parts).items())
 
         # the probe's fetch must have come back before two empty polls end it: on a loaded
         # machine it can take longer than those (the reported end, short, then lost the tail
