@@ -356,6 +356,9 @@ class Supervisor(Launcher):
                     shutil.rmtree(real, ignore_errors=True)
                 else:
                     os.unlink(real)
+        # and what no checkpoint names: a snapshot an exiting actor was still writing
+        for step in self.flow.steps:
+            shutil.rmtree(os.path.join(root, step.step_id), ignore_errors=True)
 
     def last_checkpoint(self) -> Any:
         """The last completed checkpoint (to pass as ``resume_from``; its ``path`` is where
