@@ -56,31 +56,47 @@ class WindowEnds:
         self._times: list[float] = []  # a heap of the distinct firing times
         self._due: dict[float, list] = {}  # firing time -> [(key text, window, n, key)]
         self._len = 0
-        self._n = 0
+        self._n = 0  # entries pushed: ties of key text and window go in push order
 
     def __len__(self) -> int:
         return self._len
 
-    def push(self, fire_at: float, key: Any, window: Any) -> None:
+    def _bucket(self, fire_at: float) -> list:
         bucket = self._due.get(fire_at)
         if bucket is None:
             bucket = self._due[fire_at] = []
             heapq.heappush(self._times, fire_at)
-        bucket.append((str(key), window, self._n, key))
+        return bucket
+
+    def push(self, fire_at: float, key: Any, window: Any) -> None:
+        self._bucket(fire_at).append((str(key), window, self._n, key))
         self._n += 1
         self._len += 1
 
+    def push_many(self, fire_at: float, entries: list[tuple[Any, Any]]) -> None:
+        """:meth:`push` of every ``(key, window)`` in ``entries``, all firing at
+        ``fire_at``, in order: one bucket lookup for all of them."""
+        n = self._n
+        self._bucket(fire_at).extend([(str(key), window, n + i, key)
+                                      for i, (key, window) in enumerate(entries)])
+        self._n += len(entries)
+        self._len += len(entries)
+
     def peek(self) -> float:
         return self._times[0] if self._times else math.inf
+
+    def _pop_bucket(self) -> tuple[float, list]:
+        fire_at = heapq.heappop(self._times)
+        bucket = self._due.pop(fire_at)
+        bucket.sort()  # (a tuple's order: key text, window, push order)
+        return fire_at, bucket
 
     def pop_until(self, watermark: float):
         """``(fire_at, key, window)`` of every entry with ``fire_at <= watermark``, in
         order. Entries pushed meanwhile at or before ``watermark`` come too."""
         times, due = self._times, self._due
         while times and times[0] <= watermark:
-            fire_at = heapq.heappop(times)
-            bucket = due.pop(fire_at)
-            bucket.sort()
+            fire_at, bucket = self._pop_bucket()
             done = 0
             try:
                 for _, window, _, key in bucket:
@@ -94,6 +110,16 @@ class WindowEnds:
                     else:
                         due[fire_at] = bucket[done:]
                         heapq.heappush(times, fire_at)
+
+    def drain(self, watermark: float) -> list[tuple[Any, Any]]:
+        """``(key, window)`` of every entry with ``fire_at <= watermark``, in the order of
+        :meth:`pop_until`, as one list (for a caller that takes them all)."""
+        times, out = self._times, []
+        while times and times[0] <= watermark:
+            _, bucket = self._pop_bucket()
+            out.extend([(key, window) for _, window, _, key in bucket])
+        self._len -= len(out)
+        return out
 
 
 class KeyDeadlines:

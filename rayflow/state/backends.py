@@ -42,11 +42,18 @@ class KeyValueState(Generic[K, V]):
         get = self.get
         return [get(k) for k in keys]
 
-    def put_many(self, pairs: list[tuple[K, V]]) -> None:
-        """:meth:`put` of every ``(key, value)`` in ``pairs``, in order."""
+    def put_many(self, pairs: list[tuple[K, V]] | dict[K, V]) -> None:
+        """:meth:`put` of every ``(key, value)`` in ``pairs`` (a list of pairs or a dict),
+        in order."""
         put = self.put
-        for k, v in pairs:
+        for k, v in (pairs.items() if isinstance(pairs, dict) else pairs):
             put(k, v)
+
+    def pop_many(self, keys: list[K]) -> list[V | None]:
+        """:meth:`pop` of every key in ``keys`` (None where absent), in order; backends
+        override it where a batch costs less than one call each."""
+        pop = self.pop
+        return [pop(k) for k in keys]
 
     def items(self) -> Iterator[tuple[K, V]]:
         raise NotImplementedError
@@ -80,6 +87,8 @@ class StateBackend:
 class _DictState(KeyValueState):
     def __init__(self, data: dict | None = None):
         self.data: dict = data or {}
+        # reads go straight to the dict: a method of our own costs a Python call per read
+        self.get = self.data.get  # type: ignore[method-assign]
 
     def get(self, key, default=None):
         return self.data.get(key, default)
@@ -99,6 +108,10 @@ class _DictState(KeyValueState):
 
     def pop(self, key):
         return self.data.pop(key, None)
+
+    def pop_many(self, keys):
+        pop = self.data.pop
+        return [pop(k, None) for k in keys]
 
     def items(self):
         return iter(list(self.data.items()))
@@ -171,7 +184,7 @@ class _MemoryState(_DictState):
 
     def put_many(self, pairs):
         self.data.update(pairs)
-        self._dirty.update(k for k, _ in pairs)
+        self._dirty.update(pairs if isinstance(pairs, dict) else (k for k, _ in pairs))
 
     def delete(self, key):
         self.data.pop(key, None)
@@ -180,6 +193,10 @@ class _MemoryState(_DictState):
     def pop(self, key):
         self._dirty.add(key)
         return self.data.pop(key, None)
+
+    def pop_many(self, keys):
+        self._dirty.update(keys)
+        return super().pop_many(keys)
 
     def snapshot(self, checkpoint_id):
         base = self._base
@@ -276,9 +293,23 @@ class _RocksState(KeyValueState):
         from rocksdict import WriteBatch
 
         batch = WriteBatch()
-        for k, v in pairs:
+        for k, v in (pairs.items() if isinstance(pairs, dict) else pairs):
             batch.put(pickle.dumps(k), v)
         self.db.write(batch)
+
+    def pop_many(self, keys):  # one multi-get, one write batch of deletes
+        from rocksdict import WriteBatch
+
+        if not keys:
+            return []
+        raw = [pickle.dumps(k) for k in keys]
+        values = self.db.get(raw)
+        batch = WriteBatch()
+        for k, v in zip(raw, values):
+            if v is not None:
+                batch.delete(k)
+        self.db.write(batch)
+        return values
 
     def delete(self, key):
         del self.db[pickle.dumps(key)]

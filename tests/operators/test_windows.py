@@ -101,6 +101,18 @@ def test_sliding_windows_assign_each_record_to_length_over_slide_windows():
     assert TumblingWindow(10.0).windows_of(-0.5) == [(-10.0, 0.0)]
 
 
+@pytest.mark.parametrize("window", [TumblingWindow(10.0), TumblingWindow(0.3, align_s=0.07),
+                                    TumblingWindow(86_400.0, align_s=-3_600.0)])
+def test_a_batch_of_times_gets_the_windows_its_times_get_one_by_one(window):
+    import random
+
+    rnd = random.Random(5)
+    times = [rnd.uniform(-1e3, 1e6) for _ in range(2_000)] + [0.0, 10.0, -10.0, 0.07, 0.37]
+    times += [window.windows_of(t)[0][0] for t in times[:50]]  # on a window's start
+    assert window.windows_of_many(np.asarray(times)) == [window.windows_of(t) for t in times]
+    assert window.windows_of_many(np.asarray([], dtype=np.float64)) == []
+
+
 def test_sliding_event_time_counts_match_python(ctx):
     rng = np.random.default_rng(2)
     recs = [(f"k{int(k)}", float(t)) for k, t in zip(rng.integers(0, 3, 500),

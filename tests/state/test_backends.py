@@ -54,9 +54,9 @@ def test_backend_names_and_errors(tmp_path):
 
 @pytest.mark.parametrize("seed", range(6))
 def test_every_snapshot_restores_the_state_it_was_taken_of(backend, seed):
-    """Random puts (one by one and in batches), deletes, pops and snapshots, restores from any
-    earlier snapshot (the memory backend's are incremental: deltas on deltas, full ones when
-    the chain grows) and writes after a restore: each snapshot restores exactly the plain
+    """Random puts and pops (one by one and in batches), deletes and snapshots, restores from
+    any earlier snapshot (the memory backend's are incremental: deltas on deltas, full ones
+    when the chain grows) and writes after a restore: each snapshot restores exactly the plain
     dict of its moment, and a batched read sees what a read key by key sees."""
     import random
 
@@ -78,8 +78,13 @@ def test_every_snapshot_restores_the_state_it_was_taken_of(backend, seed):
                 model[k] = v
         if rnd.random() < 0.5:
             pairs = [(rnd.randrange(300), (cid, i)) for i in range(rnd.choice([0, 1, 30]))]
-            s.put_many(pairs)
+            as_dict = rnd.random() < 0.5  # a batch given as a dict (the window step's)
+            s.put_many(dict(pairs) if as_dict else pairs)
             model.update(pairs)
+        if rnd.random() < 0.3:  # a batch of pops (a window firing), absent keys among them
+            gone = [rnd.randrange(300) for _ in range(rnd.choice([0, 1, 15]))]
+            gone = list(dict.fromkeys(gone))
+            assert s.pop_many(gone) == [model.pop(k, None) for k in gone]
         probe = [rnd.randrange(300) for _ in range(20)]
         assert s.get_many(probe) == [model.get(k) for k in probe]
         taken.append((s.snapshot(cid), dict(model)))

@@ -3,6 +3,7 @@ with their state in the step's backend. Pure: no Ray."""
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
 from collections.abc import Callable
@@ -210,27 +211,31 @@ class _TimeLogic(_StatefulLogic):
         wm = self.watermark
         cache: dict = {}  # one backend read and write per window and batch
         # the hot loop's lookups, hoisted
-        key_fn, windows_of, add, get = spec.key_fn, spec.windower.windows_of, agg.add, cache.get
-        push, open_ = self.fired.push, self._open
-        for rec, t in zip(rows(items), times.tolist()):
+        key_fn, add, get = spec.key_fn, agg.add, cache.get
+        read, create = state.get, agg.create
+        opened: list = []  # the windows this batch opens, pushed on the queue in one go
+        windower, t_list = spec.windower, times.tolist()
+        if isinstance(windower, TumblingWindow):
+            windows_of = windower.windows_of_many(times)
+        else:
+            windows_of = [windower.windows_of(t) for t in t_list]
+        for rec, t, windows in zip(rows(items), t_list, windows_of):
             try:
                 key = key_fn(rec)
             except Exception as exc:  # noqa: BLE001
                 dead.append(self.dead(describe_exception(exc), rec))
                 continue
             placed = False
-            for window in windows_of(t):
+            for window in windows:
                 if window[1] <= wm:
                     continue  # that window has closed
                 skey = ("__w", key, window)
                 acc = get(skey, _MISSING)
                 if acc is _MISSING:
-                    acc = state.get(skey)
+                    acc = read(skey)
                     if acc is None:
-                        acc = agg.create()
-                        push(window[1], key, window)
-                        if open_ is not None:
-                            open_.setdefault(key, set()).add(window)
+                        acc = create()
+                        opened.append((key, window))
                 try:
                     cache[skey] = add(acc, rec)
                 except Exception as exc:  # noqa: BLE001 - user aggregator
@@ -241,7 +246,8 @@ class _TimeLogic(_StatefulLogic):
             if not placed:
                 late.append(rec)
                 late_t.append(t)
-        state.put_many(list(cache.items()))  # one call: a write batch on RocksDB
+        self._opened(opened)
+        state.put_many(cache)  # one call: a write batch on RocksDB
         if self.ttl_s is not None:
             self.touch({skey[1]: None for skey in cache})
         side = {"late": (late, np.asarray(late_t, dtype=np.float64))} if late else {}
@@ -264,19 +270,44 @@ class _TimeLogic(_StatefulLogic):
     def on_end(self):
         return self._fire(math.inf)
 
+    def _opened(self, opened: list) -> None:
+        """Queue the windows ``[(key, window)]`` a batch opened, in order."""
+        if not opened:
+            return
+        end = opened[0][1][1]
+        if all(window[1] == end for _, window in opened):  # the usual batch: one end
+            self.fired.push_many(end, opened)
+        else:
+            for end, run in itertools.groupby(opened, key=lambda e: e[1][1]):
+                self.fired.push_many(end, list(run))
+        if self._open is not None:
+            for key, window in opened:
+                self._open.setdefault(key, set()).add(window)
+
     def _fire(self, watermark: float) -> Output:
         if watermark > self.watermark:
             self.watermark = watermark
-        agg, out = self.spec.aggregator, []
-        pop = self.state.pop
-        for _, key, window in self.fired.pop_until(watermark):
-            acc = pop(("__w", key, window))
-            if acc is not None:
-                out.append(WindowResult(key, window[0], window[1], agg.result(acc)))
-                if self._open is not None and key in self._open:
-                    self._open[key].discard(window)
-                    if not self._open[key]:
-                        del self._open[key]
+        due = self.fired.drain(watermark)
+        if not due:
+            return Output([], None)
+        accs = self.state.pop_many([("__w", key, window) for key, window in due])
+        agg, new = self.spec.aggregator, tuple.__new__  # (new: a WindowResult without
+        # its Python-level __new__, which costs a call per window)
+        if type(agg).result is Aggregator.result:  # the result is the accumulator
+            out = [new(WindowResult, (key, window[0], window[1], acc))
+                   for (key, window), acc in zip(due, accs) if acc is not None]
+        else:
+            result = agg.result
+            out = [new(WindowResult, (key, window[0], window[1], result(acc)))
+                   for (key, window), acc in zip(due, accs) if acc is not None]
+        if self._open is not None:
+            open_ = self._open
+            for key, window in due:
+                windows = open_.get(key)
+                if windows is not None:
+                    windows.discard(window)
+                    if not windows:
+                        del open_[key]
         return Output(out, result_times(out))
 
 

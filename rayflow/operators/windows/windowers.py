@@ -28,6 +28,17 @@ class TumblingWindow:
         start = self.align_s + math.floor((t - self.align_s) / self.length_s) * self.length_s
         return [(start, start + self.length_s)]
 
+    def windows_of_many(self, times: np.ndarray) -> list[list[tuple[float, float]]]:
+        """:meth:`windows_of` of every time in ``times``, computed as arrays (a batch
+        rarely spans more than a few windows; records of one window share its list)."""
+        if not len(times):
+            return []
+        starts, index = np.unique(np.floor((times - self.align_s) / self.length_s),
+                                  return_inverse=True)
+        windows = [[(start, start + self.length_s)] for start in
+                   (self.align_s + starts * self.length_s).tolist()]
+        return [windows[i] for i in index.tolist()]
+
 
 @dataclass(frozen=True)
 class SlidingWindow:
