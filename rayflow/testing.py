@@ -53,6 +53,9 @@ class CrashDuringCheckpoint(OperatorSpec):
             def on_watermark(self, watermark):
                 return logic.on_watermark(watermark)
 
+            def on_input_watermark(self, index, watermark):
+                return logic.on_input_watermark(index, watermark)
+
             def on_tick(self, now):
                 return logic.on_tick(now)
 

@@ -90,6 +90,14 @@ class Logic:
         downstream after this returns, so what it emits is never behind it."""
         return None
 
+    def on_input_watermark(self, index: int, watermark: float) -> Output | None:
+        """The watermark of the step's input number ``index`` alone (the minimum over that
+        input's upstream instances) reached ``watermark``; called, before :meth:`on_watermark`,
+        only on steps with several inputs whose logic overrides it. For logic that can act on
+        one input's progress before the other's: an event-time lookup join emits a record as
+        soon as its table's watermark has passed the record's time."""
+        return None
+
     def on_tick(self, now: float) -> Output | None:
         """Called when time passes without data (timers: processing-time windows, idle
         watermarks)."""

@@ -9,8 +9,11 @@ no Ray.
     value that has arrived when the record is processed;
   - on event time (``EventTime()``; Flink's event-time temporal join): the value *as of the
     record's event time*, the table record with the largest event time at or before it. A
-    record waits until the watermark passes its time, so every table version up to it has
-    arrived: the output does not depend on how the two inputs interleave.
+    record waits until the table input's watermark passes its time, so every table version
+    up to it has arrived: the output does not depend on how the two inputs interleave. (A
+    record is emitted as soon as the table's watermark has passed it, without waiting for the
+    stream's: with a static table, from its end on, every record joins as it comes. A table
+    record behind the table's own watermark is late, as behind the step's.)
 
   ``how="inner"`` drops records whose key has no value yet; ``"left"`` emits them with
   ``None``. The table and the waiting records live in the state backend (checkpointed,
@@ -104,6 +107,10 @@ class _LookupLogic(_StatefulLogic):
         super().__init__(spec, ctx, resume_state)
         self.event_time = spec.event_time
         self.watermark = self.state.get(self.WM, -math.inf)
+        # the table input's own watermark (not checkpointed: after a restore records wait
+        # for it to come again, or for the step's watermark); a stream record before it
+        # has every table version it can join and is emitted at once
+        self.table_watermark = -math.inf
         # one deadline per key with waiting records, at the earliest of their times (set
         # again for what is left when it passes)
         self.waiting = KeyDeadlines()
@@ -178,10 +185,21 @@ class _LookupLogic(_StatefulLogic):
         late, late_t = [], []
         cache: dict = {}
         what = _TABLE if index == TABLE else _WAITING
+        ready, ready_t = [], []  # stream records whose table is final up to their time
+        table_wm = self.table_watermark
+        # a table record behind the table's watermark is late: records may have joined
+        # without it (what is kept of the versions still follows the step's watermark)
+        late_below = max(wm, table_wm) if index == TABLE else wm
+        if index == TABLE:
+            table_wm = -math.inf
         for key, rec, t in zip(keys, recs, ts):
-            if t < wm:
+            if t < late_below:
                 late.append(rec)
                 late_t.append(t)
+                continue
+            if t < table_wm:
+                ready.append((key, rec))
+                ready_t.append(t)
                 continue
             skey = (what, key)
             got = cache.get(skey)
@@ -200,7 +218,39 @@ class _LookupLogic(_StatefulLogic):
             state.put((what_, key), tuple(got))
         side: dict[str, tuple[Any, np.ndarray | None]] = (
             {"late": (late, np.asarray(late_t, dtype=np.float64))} if late else {})
-        return Output([], None, [], side)
+        out, out_t = self._join_now(ready, ready_t)
+        return Output(out, np.asarray(out_t, np.float64) if out else None, [], side)
+
+    def _join_now(self, ready: list, ready_t: list) -> tuple[list, list]:
+        """``(key, record, value)`` of stream records ``(key, record)`` at times
+        ``ready_t``, each before the table's watermark: its value as of its time is final."""
+        out: list = []
+        out_t: list = []
+        if not ready:
+            return out, out_t
+        inner, get = self.spec.how == "inner", self.state.get
+        tables: dict = {}  # key -> (versions, their times)
+        for (key, rec), t in zip(ready, ready_t):
+            got = tables.get(key)
+            if got is None:
+                versions = get((_TABLE, key)) or ()
+                got = tables[key] = (versions, [v[0] for v in versions])
+            versions, vt = got
+            i = bisect.bisect_right(vt, t)
+            value = versions[i - 1][1] if i else None
+            if value is None and inner:
+                continue
+            out.append((key, rec, value))
+            out_t.append(t)
+        return out, out_t
+
+    def on_input_watermark(self, index, watermark):
+        if not self.event_time or index != TABLE or watermark <= self.table_watermark:
+            return None
+        self.table_watermark = watermark
+        if watermark <= self.watermark:
+            return None  # the step's own watermark has released those records already
+        return self._fire(watermark, prune_at=self.watermark)
 
     def on_watermark(self, watermark):
         if not self.event_time or watermark <= self.watermark:
@@ -217,10 +267,12 @@ class _LookupLogic(_StatefulLogic):
         self.watermark = math.inf
         return self._fire(math.inf)
 
-    def _fire(self, watermark: float) -> Output:
+    def _fire(self, watermark: float, prune_at: float | None = None) -> Output:
         """Emit the waiting records before ``watermark``: no table version at or before
-        their time can arrive any more."""
+        their time can arrive any more. The versions a record from ``prune_at`` on (the
+        step's watermark; ``watermark`` by default) can still need are kept."""
         state, inner = self.state, self.spec.how == "inner"
+        prune_at = watermark if prune_at is None else prune_at
         out, out_t = [], []
         below = watermark if watermark == math.inf else np.nextafter(watermark, -math.inf)
         for key in self.waiting.pop_until(below):
@@ -246,7 +298,7 @@ class _LookupLogic(_StatefulLogic):
             else:
                 state.delete((_WAITING, key))
             if versions:
-                state.put((_TABLE, key), tuple(_prune(list(versions), watermark)))
+                state.put((_TABLE, key), tuple(_prune(list(versions), prune_at)))
         return Output(out, np.asarray(out_t, np.float64) if out else None)
 
 

@@ -169,6 +169,13 @@ class InputWatermarks:
                 self.wm[sender] = msg.time
         return self._combine()
 
+    def of(self, senders: Iterable[Any]) -> float:
+        """The watermark of ``senders`` alone (one input of a step with several): the
+        minimum of theirs, where a finished one no longer holds it back and an idle one
+        still does (it may send records from its last watermark on when it wakes)."""
+        return min((math.inf if s in self.finished else self.wm[s] for s in senders),
+                   default=NEVER)
+
     def finish(self, sender: Any) -> Watermark | None:
         """``sender`` ended its stream: it no longer holds the minimum."""
         self.finished.add(sender)

@@ -115,6 +115,40 @@ def two_inputs(left_parts, right_parts, step=17, delay=2.0, time=lambda r: r[1])
     return feed, index
 
 
+def run_each_watermark(logic, left_parts, right_parts, step=17, delay=2.0,
+                       time=lambda r: r[1]):
+    """Two inputs in alternating rounds as :func:`two_inputs`, with each input's own
+    watermark given to ``on_input_watermark`` before the step's (the minimum of both) goes
+    to ``on_watermark``, as the runtime does. Returns ``(every output record, how many were
+    emitted before the step's watermark had passed their time)``."""
+    import itertools
+
+    a = list(rounds(left_parts, step, delay, time))
+    b = list(rounds(right_parts, step, delay, time))
+    got, early, wm = [], 0, [-math.inf, -math.inf]
+    for ra, rb in itertools.zip_longest(a, b):
+        for i, r in ((0, ra), (1, rb)):
+            if r is None:
+                wm[i] = math.inf
+                collect(logic.on_input_watermark(i, math.inf), got)
+                continue
+            out = logic.process_input(i, r[0], r[1])
+            if out.items:
+                early += int(np.sum(out.event_times >= min(wm)))
+            collect(out, got)
+            wm[i] = r[2]
+            before = len(got)
+            one = logic.on_input_watermark(i, r[2])
+            collect(one, got)
+            if one is not None and one.items:
+                early += int(np.sum(one.event_times >= min(wm)))
+            assert len(got) - before == (0 if one is None else len(one.items))
+            if min(wm) > -math.inf:
+                collect(logic.on_watermark(min(wm)), got)
+    collect(logic.on_end(), got)
+    return got, early
+
+
 def sessions_reference(records, gap):
     """Plain-Python sessions of ``(key, t, _)`` records: ``Counter((key, count, last t))``
     per session, a session ending where two of its key's times are more than ``gap`` apart."""

@@ -1,6 +1,7 @@
 """Lookup joins and cached enrichment without Ray, against plain Python, on every state
 backend, through a restore and a rescale."""
 
+import math
 from collections import Counter
 
 import numpy as np
@@ -14,6 +15,7 @@ from tests.operators._drive import (
     lookup_reference,
     partitions,
     rescaled_run,
+    run_each_watermark,
     run_logic,
     two_inputs,
 )
@@ -75,6 +77,48 @@ def test_lookup_join_rescaled(backend):
     got = rescaled_run(LookupJoin(KEY, KEY, "left", EventTime()), backend, feed[:third],
                        feed[third:], lambda r, n: r[0], index=index)
     assert Counter(got) == lookup_reference(stream, table, "left")
+
+
+@pytest.mark.parametrize("how", ["inner", "left"])
+@pytest.mark.parametrize("seed", [0, 3])
+def test_records_join_once_the_tables_own_watermark_passes_them(backend, how, seed):
+    """With each input's watermark given apart, a record is emitted once the table's has
+    passed its time, before the stream's lets the step's watermark do it: the same joins
+    as the plain reference, out of order, several partitions on each side."""
+    stream, table = _data(seed)
+    logic = LookupJoin(KEY, KEY, how, EventTime()).build(ctx_for(backend))
+    got, early = run_each_watermark(logic, partitions(stream, 3, seed=seed),
+                                    partitions(table, 2, seed=seed + 1))
+    assert Counter(got) == lookup_reference(stream, table, how)
+    assert early > len(stream) // 3  # (the table, shorter, ends first: then all are early)
+
+
+def test_a_finished_static_table_joins_every_record_as_it_comes(backend):
+    table = [(f"k{k}", 0.0, f"v{k}") for k in range(5)]
+    logic = LookupJoin(KEY, KEY, "inner", EventTime()).build(ctx_for(backend))
+    assert logic.process_input(1, table, np.zeros(5)).items == []
+    assert logic.process_input(0, [("k1", 3.0, "a")], np.array([3.0])).items == []  # waits
+    fired = logic.on_input_watermark(1, math.inf)  # the table ended
+    assert fired.items == [("k1", ("k1", 3.0, "a"), ("k1", 0.0, "v1"))]
+    out = logic.process_input(0, [("k4", 9.0, "b"), ("k9", 1.0, "c"), ("k2", 2.0, "d")],
+                              np.array([9.0, 1.0, 2.0]))  # the stream's watermark: none yet
+    assert out.items == [("k4", ("k4", 9.0, "b"), ("k4", 0.0, "v4")),
+                         ("k2", ("k2", 2.0, "d"), ("k2", 0.0, "v2"))]
+    assert out.event_times.tolist() == [9.0, 2.0]
+    assert not [k for k, _ in logic.state.items() if k[0] == "__l"]  # nothing waits
+    assert logic.on_watermark(100.0).items == [] and logic.on_end().items == []
+
+
+def test_a_table_record_behind_the_tables_watermark_is_late():
+    logic = LookupJoin(KEY, KEY, "inner", EventTime()).build(StepContext("l", 0, 1))
+    logic.on_input_watermark(1, 10.0)
+    out = logic.process_input(1, [("a", 4.0, "v"), ("a", 11.0, "w")], np.array([4.0, 11.0]))
+    assert out.side["late"][0] == [("a", 4.0, "v")]
+    # the stream record at 5 joined nothing (inner), the one at 12 the version at 11
+    assert logic.process_input(0, [("a", 5.0, "x")], np.array([5.0])).items == []
+    logic.on_input_watermark(1, 20.0)
+    assert logic.process_input(0, [("a", 12.0, "y")], np.array([12.0])).items == [
+        ("a", ("a", 12.0, "y"), ("a", 11.0, "w"))]
 
 
 def test_processing_time_lookup_join_takes_the_latest_value(backend):

@@ -127,3 +127,25 @@ def test_split_position_unwraps_plain_wrapped_and_rescaled_states():
     resc, state = split_position(old)
     assert resc == Rescaled(({0: 5}, {1: 7}), 2)
     assert state == {"max_seen": {0: 3.0, 1: 9.0}, "emitted": -math.inf}
+
+
+def test_one_inputs_watermark_is_the_minimum_of_its_senders_until_they_finish():
+    """``of``: the watermark of one input of a step with several (a lookup join's table):
+    an idle sender still holds it (it may wake with records from its last watermark), a
+    finished one no longer does, one that has said nothing holds it at NEVER."""
+    from rayflow.operators.watermarks import NEVER
+
+    table, stream = [("t", 0), ("t", 1)], [("s", 0)]
+    valve = InputWatermarks(table + stream)
+    assert valve.of(table) == NEVER
+    valve.update(("t", 0), Watermark(5.0))
+    valve.update(("s", 0), Watermark(1.0))
+    assert valve.of(table) == NEVER and valve.of(stream) == 1.0
+    valve.update(("t", 1), Watermark(8.0))
+    assert valve.of(table) == 5.0
+    valve.update(("t", 0), Watermark(5.0, True))  # idle: still holds the table at 5
+    assert valve.of(table) == 5.0 and valve.current == 1.0
+    valve.finish(("t", 0))
+    assert valve.of(table) == 8.0
+    valve.finish(("t", 1))
+    assert valve.of(table) == math.inf and valve.of(stream) == 1.0

@@ -142,7 +142,9 @@ class StepTask:
         elif isinstance(msg, Barrier):
             self._aligned(self._align.on_barrier(msg, sender))
         elif isinstance(msg, Watermark):
-            self._forward_watermark(self._valve.update(sender, msg))
+            combined = self._valve.update(sender, msg)
+            self._input_watermark(sender)
+            self._forward_watermark(combined)
         elif isinstance(msg, Tick):
             self._on_tick(msg)
         elif isinstance(msg, EndOfStream):
@@ -151,7 +153,9 @@ class StepTask:
             if msg.drain and len(self._finished_inputs) < len(self._inputs):
                 # a finished input no longer holds event time back (after a savepoint stop
                 # nothing may fire: the open windows are in the savepoint)
-                self._forward_watermark(self._valve.finish(sender))
+                combined = self._valve.finish(sender)
+                self._input_watermark(sender)
+                self._forward_watermark(combined)
             self._aligned(self._align.on_end(sender))
             if len(self._finished_inputs) >= len(self._inputs):
                 self._on_eos()
@@ -169,6 +173,10 @@ class StepTask:
     def _process(self, batch: Batch, sender: tuple[str, int]) -> None:
         """Handle one input batch (operators and sinks)."""
         raise NotImplementedError
+
+    def _input_watermark(self, sender: tuple[str, int]) -> None:
+        """The watermark of ``sender``'s input may have advanced (operators with several
+        inputs act on it)."""
 
     def _forward_watermark(self, msg: Watermark | None) -> None:
         """The instance's watermark advanced (or it turned idle or active): pass it on."""

@@ -3,8 +3,10 @@ state at each barrier."""
 
 from __future__ import annotations
 
+import math
 import threading
 import time
+from collections.abc import Callable
 from typing import Any, cast
 
 from rayflow.core.messages import Tick, Watermark
@@ -23,6 +25,10 @@ class OperatorTask(StepTask):
         self._released = False  # the job ended: a later snapshot is deleted at once
         self.logic: Logic = cast(OperatorSpec, self.step.spec).build(self.ctx, resume_state)
         self.logic.open()
+        # each input's own watermark, for logic that acts on it (several inputs only)
+        self._per_input = (len(set(self._input_index.values())) > 1 and type(
+            self.logic).on_input_watermark is not Logic.on_input_watermark)
+        self._input_wm: dict[int, float] = {}
 
     def _process(self, batch: Batch, sender: tuple[str, int]) -> None:
         self._emit_output(self.logic.process_input(self._input_index.get(sender[0], 0),
@@ -51,16 +57,30 @@ class OperatorTask(StepTask):
                                                f"{port} record", r, f"side output {port!r}")
                                     for r in items], force=True)
 
+    def _input_watermark(self, sender: tuple[str, int]) -> None:
+        if not self._per_input:
+            return
+        index = self._input_index.get(sender[0], 0)
+        wm = self._valve.of(s for s in self._inputs if self._input_index.get(s[0], 0) == index)
+        if wm > self._input_wm.get(index, -math.inf):
+            self._input_wm[index] = wm
+            self._timed(lambda: self.logic.on_input_watermark(index, wm))
+
     def _forward_watermark(self, msg: Watermark | None) -> None:
         """Fire what the watermark closes, then pass it on, so that the output is never
         behind it."""
         if msg is None:
             return
         if not msg.idle:
-            t0, ch0 = time.perf_counter(), self.emitter.chained_s
-            self._emit_output(self.logic.on_watermark(msg.time), time.time())
-            self.counters.busy_s += time.perf_counter() - t0 - (self.emitter.chained_s - ch0)
+            self._timed(lambda: self.logic.on_watermark(msg.time))
         self.emitter.emit_control(msg)
+
+    def _timed(self, fire: Callable[[], Output | None]) -> None:
+        """Emit what ``fire`` returns, its time counted as busy (less what chained steps
+        downstream took)."""
+        t0, ch0 = time.perf_counter(), self.emitter.chained_s
+        self._emit_output(fire(), time.time())
+        self.counters.busy_s += time.perf_counter() - t0 - (self.emitter.chained_s - ch0)
 
     def _on_tick(self, tick: Tick) -> None:
         self._emit_output(self.logic.on_tick(time.time()), time.time())
