@@ -20,6 +20,8 @@ interleaved rounds on the same topic:
 - ``unaligned, 2 calls, 2 sinks``: the same with two sink instances, each chained to a
   format instance: one sink instance is the slowest step at this load (it encodes, stores
   and commits every output record), and a barrier reaches it last;
+- ``aligned, 2 sinks``: the defaults (aligned, 16 calls) with two sink instances, each
+  chained to a format instance: every step at parallelism 2;
 - ``kafka-python``: aligned, the source and the sink on ``client="kafka-python"`` (the
   pure-Python client, rayflow's default before confluent-kafka): the sink commits each
   completed checkpoint's records in one transaction, and this client's producer is slower
@@ -61,6 +63,7 @@ VARIANTS = {  # name -> (stream options, checkpoint options, Kafka client, sink 
                            None, 1),
     "unaligned, 2 calls, 2 sinks": ({"channel_target_s": 0.0, "channel_calls": 2},
                                     {"unaligned": True}, None, 2),
+    "aligned, 2 sinks": ({"channel_target_s": 0.0}, {}, None, 2),
     "kafka-python": ({"channel_target_s": 0.0}, {}, "kafka-python", 1),
 }
 
