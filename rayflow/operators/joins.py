@@ -45,7 +45,7 @@ from rayflow.operators.windows import (
     TumblingWindow,
     Windowed,
 )
-from rayflow.operators.windows.clocks import _times
+from rayflow.operators.windows.clocks import _times, not_finite
 
 How = Literal["inner", "left", "outer"]
 LEFT, RIGHT = 0, 1
@@ -277,6 +277,9 @@ class _IntervalLogic(_StatefulLogic):
         out, out_t, dead, late, late_t = [], [], [], [], []
         cache: dict = {}  # state key -> (its sides, the earliest time a new record can go)
         for rec, t in zip(rows(items), times.tolist()):
+            if not math.isfinite(t):
+                dead.append(self.dead(not_finite(t), rec))
+                continue
             if t < self.watermark:
                 late.append(rec)
                 late_t.append(t)

@@ -49,7 +49,7 @@ from rayflow.core.operators import Logic, OperatorSpec, Output, StepContext, des
 from rayflow.core.records import num_rows, rows
 from rayflow.operators.keyed import _GLOBAL, _StatefulLogic, check_ttl
 from rayflow.operators.queues import KeyDeadlines, WindowQueue
-from rayflow.operators.windows.clocks import EventTime, ProcessingTime, _times
+from rayflow.operators.windows.clocks import EventTime, ProcessingTime, _times, not_finite
 
 STREAM, TABLE = 0, 1
 _TABLE, _WAITING = "__t", "__l"
@@ -143,6 +143,9 @@ class _LookupLogic(_StatefulLogic):
         key_fn = spec.key_fn if index == STREAM else spec.table_key
         keys, recs, ts, dead = [], [], [], []
         for i, rec in enumerate(rows(items)):
+            if times is not None and self.event_time and not math.isfinite(times[i]):
+                dead.append(self.dead(not_finite(float(times[i])), rec))
+                continue
             try:
                 keys.append(key_fn(rec))
             except Exception as exc:  # noqa: BLE001 - user key function

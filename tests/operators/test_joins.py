@@ -166,6 +166,23 @@ def test_interval_join_matches_python_and_drops_what_cannot_match(ctx, bounds):
     assert len(logic.state) == 0  # the watermark dropped every kept record
 
 
+def test_a_join_record_whose_time_is_not_a_number_is_a_dead_letter(ctx):
+    """Kept for ever otherwise: no watermark passes NaN (the window join's inner window
+    step does the same, its records given back without their side tag)."""
+    nan = float("nan")
+    ij = IntervalJoin(0.0, 5.0, _key, _key, EventTime(timestamp=lambda r: r[1])).build(ctx)
+    out = ij.process_input(0, [("k", nan, "l"), ("k", 1.0, "m")], None)
+    assert [(d.record[2], d.reason) for d in out.dead] == [
+        ("l", "event time nan is not a finite number")]
+    assert ij.process_input(1, [("k", 2.0, "r")], None).items == [
+        ("k", ("k", 1.0, "m"), ("k", 2.0, "r"))]
+    wj = WindowJoin(TumblingWindow(10.0), "inner", _key, _key,
+                    EventTime(timestamp=lambda r: r[1])).build(ctx)
+    out = wj.process_input(1, [("k", float("-inf"), "r")], None)
+    assert [(d.record, d.reason) for d in out.dead] == [
+        (("k", float("-inf"), "r"), "event time -inf is not a finite number")]
+
+
 def test_interval_join_late_records_and_restore(ctx):
     spec = IntervalJoin(0.0, 5.0, _key, _key, EventTime(timestamp=lambda r: r[1]))
     a = spec.build(ctx)

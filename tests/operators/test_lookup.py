@@ -121,6 +121,16 @@ def test_a_table_record_behind_the_tables_watermark_is_late():
         ("a", ("a", 12.0, "y"), ("a", 11.0, "w"))]
 
 
+def test_a_lookup_record_whose_time_is_not_a_number_is_a_dead_letter():
+    logic = LookupJoin(KEY, KEY, "inner", EventTime()).build(StepContext("l", 0, 1))
+    out = logic.process_input(0, [("a", 1.0, "x"), ("a", 2.0, "y")],
+                              np.array([float("nan"), 2.0]))
+    assert [(d.record, d.reason) for d in out.dead] == [
+        (("a", 1.0, "x"), "event time nan is not a finite number")]
+    logic.process_input(1, [("a", 0.0, "v")], np.array([0.0]))
+    assert logic.on_end().items == [("a", ("a", 2.0, "y"), ("a", 0.0, "v"))]
+
+
 def test_processing_time_lookup_join_takes_the_latest_value(backend):
     logic = LookupJoin(KEY, KEY, "left").build(ctx_for(backend))
     assert logic.process_input(1, [("a", 0, "a1"), ("b", 0, "b1"), ("a", 0, "a2")],

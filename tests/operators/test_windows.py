@@ -102,7 +102,9 @@ def test_sliding_windows_assign_each_record_to_length_over_slide_windows():
 
 
 @pytest.mark.parametrize("window", [TumblingWindow(10.0), TumblingWindow(0.3, align_s=0.07),
-                                    TumblingWindow(86_400.0, align_s=-3_600.0)])
+                                    TumblingWindow(86_400.0, align_s=-3_600.0),
+                                    SlidingWindow(10.0, 5.0), SlidingWindow(10.0, 3.0),
+                                    SlidingWindow(1.0, 0.3, align_s=0.05)])
 def test_a_batch_of_times_gets_the_windows_its_times_get_one_by_one(window):
     import random
 
@@ -111,6 +113,20 @@ def test_a_batch_of_times_gets_the_windows_its_times_get_one_by_one(window):
     times += [window.windows_of(t)[0][0] for t in times[:50]]  # on a window's start
     assert window.windows_of_many(np.asarray(times)) == [window.windows_of(t) for t in times]
     assert window.windows_of_many(np.asarray([], dtype=np.float64)) == []
+
+
+@pytest.mark.parametrize("window", [TumblingWindow(10.0), SlidingWindow(10.0, 5.0),
+                                    SessionWindow(5.0)])
+def test_a_record_whose_time_is_not_a_number_is_a_dead_letter(ctx, window):
+    spec = Windowed(window, Count(), lambda r: r[0], EventTime(timestamp=lambda r: r[1]))
+    logic = spec.build(ctx)
+    recs = [("a", 1.0), ("b", float("nan")), ("a", 2.0), ("c", float("inf"))]
+    out = logic.process(recs, None)
+    assert [(d.record[0], d.reason) for d in out.dead] == [  # (nan != nan: by key)
+        ("b", "event time nan is not a finite number"),
+        ("c", "event time inf is not a finite number")]
+    assert [(r.key, r.value) for r in logic.on_end().items] == [("a", 2)] * (
+        2 if isinstance(window, SlidingWindow) else 1)
 
 
 def test_sliding_event_time_counts_match_python(ctx):

@@ -70,3 +70,10 @@ def _times(clock, items, event_times) -> np.ndarray:
                          "source (Kafka record timestamps, or watermarks=EventTime(timestamp=...)"
                          " on the source)")
     return np.asarray(event_times, dtype=np.float64)
+
+
+def not_finite(t: float) -> str:
+    """The dead-letter reason of a record whose event time is NaN or infinite: it has no
+    window, and no watermark would ever pass it (event-time operators route such records to
+    the dead letters instead of keeping them for ever)."""
+    return f"event time {t!r} is not a finite number"

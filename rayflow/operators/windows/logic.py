@@ -17,7 +17,7 @@ from rayflow.core.records import key_codes, rows
 from rayflow.operators.keyed import _GLOBAL, _is_ttl, _StatefulLogic, check_ttl
 from rayflow.operators.queues import WindowEnds, WindowQueue
 from rayflow.operators.windows.aggregators import Aggregator, Reduce
-from rayflow.operators.windows.clocks import EventTime, ProcessingTime, _times
+from rayflow.operators.windows.clocks import EventTime, ProcessingTime, _times, not_finite
 from rayflow.operators.windows.windowers import (
     CountWindow,
     SessionWindow,
@@ -214,12 +214,17 @@ class _TimeLogic(_StatefulLogic):
         key_fn, add, get = spec.key_fn, agg.add, cache.get
         read, create = state.get, agg.create
         opened: list = []  # the windows this batch opens, pushed on the queue in one go
-        windower, t_list = spec.windower, times.tolist()
-        if isinstance(windower, TumblingWindow):
-            windows_of = windower.windows_of_many(times)
-        else:
-            windows_of = [windower.windows_of(t) for t in t_list]
+        t_list = times.tolist()
+        finite = np.isfinite(times)
+        if finite.all():
+            windows_of: list = spec.windower.windows_of_many(times)
+        else:  # a time that is NaN or infinite has no window: its record is a dead letter
+            windows_of = [w if ok else None for w, ok in zip(
+                spec.windower.windows_of_many(np.where(finite, times, 0.0)), finite.tolist())]
         for rec, t, windows in zip(rows(items), t_list, windows_of):
+            if windows is None:
+                dead.append(self.dead(not_finite(t), rec))
+                continue
             try:
                 key = key_fn(rec)
             except Exception as exc:  # noqa: BLE001
@@ -345,6 +350,9 @@ class _SessionLogic(_TimeLogic):
         wm = self.watermark
         cache: dict = {}
         for rec, t in zip(rows(items), times.tolist()):
+            if not math.isfinite(t):
+                dead.append(self.dead(not_finite(t), rec))
+                continue
             try:
                 key = spec.key_fn(rec)
                 skey = ("__s", key)

@@ -57,6 +57,24 @@ class SlidingWindow:
             start -= self.slide_s
         return out[::-1]
 
+    def windows_of_many(self, times: np.ndarray) -> list[list[tuple[float, float]]]:
+        """:meth:`windows_of` of every time in ``times``: the times are grouped by the
+        latest window start at or before them (numpy), and a group whose earliest and
+        latest time get the same windows shares one list (a time's windows only lose old
+        ones as it grows within a group); any other group is assigned time by time."""
+        if not len(times):
+            return []
+        lasts, index = np.unique(np.floor((times - self.align_s) / self.slide_s),
+                                 return_inverse=True)
+        lo = np.full(len(lasts), np.inf)
+        hi = np.full(len(lasts), -np.inf)
+        np.minimum.at(lo, index, times)
+        np.maximum.at(hi, index, times)
+        shared = [w if w == self.windows_of(b) else None for w, b in
+                  zip(map(self.windows_of, lo.tolist()), hi.tolist())]
+        return [shared[i] if shared[i] is not None else self.windows_of(t)
+                for i, t in zip(index.tolist(), times.tolist())]
+
 
 @dataclass(frozen=True)
 class SessionWindow:
