@@ -8,6 +8,7 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from operator import itemgetter
 from typing import Any
 
 import numpy as np
@@ -28,6 +29,7 @@ from rayflow.operators.windows.windowers import (
 )
 
 _MISSING = object()
+_START = itemgetter(0)  # a session's start
 
 
 @dataclass(frozen=True)
@@ -349,6 +351,7 @@ class _SessionLogic(_TimeLogic):
             return Output([], None, [self.dead(describe_exception(exc), items, "batch")])
         wm = self.watermark
         cache: dict = {}
+        queued: dict = {}  # per key, the sessions that were queued before this batch
         for rec, t in zip(rows(items), times.tolist()):
             if not math.isfinite(t):
                 dead.append(self.dead(not_finite(t), rec))
@@ -359,6 +362,7 @@ class _SessionLogic(_TimeLogic):
                 sessions = cache.get(skey)
                 if sessions is None:
                     sessions = cache[skey] = list(state.get(skey) or ())
+                    queued[skey] = {(s[0], s[1]) for s in sessions}
                 start, end, acc = t, t + gap, agg.add(agg.create(), rec)
                 keep = []
                 for s in sessions:  # windows that touch or overlap [t, t + gap) merge
@@ -374,12 +378,18 @@ class _SessionLogic(_TimeLogic):
                 late_t.append(t)
                 continue
             keep.append((start, end, acc))
-            keep.sort(key=lambda s: s[0])
+            keep.sort(key=_START)
             cache[skey] = keep
-            self.fired.push(end, key, (start, end))
+        push = self.fired.push
         for skey, sessions in cache.items():
             if sessions:
                 state.put(skey, tuple(sessions))
+                # a session is queued once, as the batch leaves it (those it merged on the
+                # way would be skipped when they fire)
+                before = queued[skey]
+                for start, end, _ in sessions:
+                    if (start, end) not in before:
+                        push(end, skey[1], (start, end))
         self.touch(skey[1] for skey in cache)
         side = {"late": (late, np.asarray(late_t, dtype=np.float64))} if late else {}
         if self.event_time:
