@@ -92,6 +92,10 @@ class _ReadBack(abc.ABC):
     def next_offsets(self, topic: str, parts: Iterable[int]) -> dict[int, int]:
         """The next offset to read of each partition."""
 
+    @abc.abstractmethod
+    def cluster_id(self) -> str | None:
+        """The cluster id the broker reports in its metadata."""
+
     def end_offsets(self, topic) -> dict[int, int]:
         parts = self.partitions(topic)
         if not parts:
@@ -140,6 +144,10 @@ class _KPConsumer(_ReadBack):
 
     def partitions(self, topic):
         return self.consumer.partitions_for_topic(topic) or set()
+
+    def cluster_id(self):
+        self.consumer.topics()  # a metadata request: it carries the cluster id
+        return self.consumer._client.cluster.cluster_id  # (kafka-python has no public getter)
 
     def watermarks(self, topic, parts):
         from kafka import TopicPartition
@@ -225,6 +233,9 @@ class _ConfluentConsumer(_ReadBack):
         conf.update(options)
         self.consumer = Consumer(conf)
         self._msgs: list = []
+
+    def cluster_id(self):
+        return self.consumer.list_topics(timeout=10).cluster_id
 
     def partitions(self, topic):
         md = self.consumer.list_topics(topic, timeout=10)

@@ -55,6 +55,12 @@ class KafkaSink(SinkSpec):
         transactional_id_prefix: exactly-once: transactional ids are
             ``{prefix}-{step_id}-{instance}`` (default prefix ``rayflow-{job name}``). Give
             two deployments of the same flow different prefixes, or they fence each other.
+        serialize_commits: exactly-once: commit one transaction at a time among the sink
+            instances on a machine that write to this broker (a file lock named after the
+            bootstrap address). None (the default): on when the broker is Tansu (its
+            cluster id says so), whose in-memory engine, the embedded default, loses or
+            hides committed records when several producers' transactions run at once; off
+            on Apache Kafka, which needs no such care.
     """
 
     topic: str
@@ -67,6 +73,7 @@ class KafkaSink(SinkSpec):
     options: dict = field(default_factory=dict)
     transactional_id_prefix: str | None = None
     max_uncommitted_bytes: int = 64 << 20
+    serialize_commits: bool | None = None
 
     def __post_init__(self) -> None:
         resolve_client(self.client, f"KafkaSink({self.topic!r})")  # a misspelt client fails

@@ -3,18 +3,45 @@ checkpoint, each named by a header, so that a restore writes only what is not on
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import os
 import pickle
+import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
+
+from filelock import FileLock
 
 from rayflow.connectors.kafka.writer import _KafkaWriter
 from rayflow.core.operators import Rescaled
 
 #: The header that names each record of an exactly-once sink: ``writer:epoch:seq``.
 EPOCH_HEADER = "rayflow.epoch"
+
+#: How long a commit waits for its turn when commits are serialized.
+SERIAL_COMMIT_TIMEOUT_S = 120.0
+
+
+def serializes_commits(cluster_id: str | None, setting: bool | None) -> bool:
+    """Whether an exactly-once sink commits one transaction at a time: ``setting`` when
+    given, else on a Tansu broker (the embedded default). Tansu 0.6's in-memory engine
+    loses or hides committed records when transactions of several producers run at once
+    (measured: 6 producers, 3 transactions each, into 2 shared partitions lost records
+    in 4 rounds of 40; one at a time, none of 60); Apache Kafka does not."""
+    if setting is not None:
+        return setting
+    return "tansu" in (cluster_id or "").lower()
+
+
+def commit_lock(bootstrap: str) -> FileLock:
+    """The lock that serializes the commits to ``bootstrap`` of every sink instance on this
+    machine (a file lock: the OS drops it when its holder dies, however it dies)."""
+    name = hashlib.blake2b(bootstrap.encode(), digest_size=8).hexdigest()
+    return FileLock(os.path.join(tempfile.gettempdir(), f"rayflow-commits-{name}.lock"),
+                    timeout=SERIAL_COMMIT_TIMEOUT_S)
 
 
 @dataclass
@@ -51,6 +78,11 @@ class _TransactionalWriter(_KafkaWriter):
 
     No commits topic is needed (no topic-create rights, nothing to replicate).
 
+    On a Tansu broker (or with ``serialize_commits=True``) the instances on one machine
+    take turns: a file lock named after the bootstrap address holds each transaction,
+    from its first record to its commit (see :func:`serializes_commits`). Its wait counts
+    as the commit's time.
+
     A commit runs beside the writes and pre-commits of later epochs: an epoch leaves
     ``pending`` only once its transaction committed, so a checkpoint taken meanwhile still
     holds it, and a restore from there writes only what is not on the topic.
@@ -81,7 +113,10 @@ class _TransactionalWriter(_KafkaWriter):
         self._room = threading.Condition()  # a commit ended: writes may go on
         self._committing = False
         self.waited_s = 0.0  # time writes waited for a commit (backpressure)
-        self.p.init_transactions()  # fences an older producer of this instance
+        serial = serializes_commits(scanner.cluster_id(), spec.serialize_commits)
+        self._turn = commit_lock(scanner.bootstrap) if serial else None
+        with self._one_at_a_time():
+            self.p.init_transactions()  # fences an older producer of this instance
         self.low = scanner.end_offsets(spec.topic)  # our next records land at or after this
         if resume_state and resume_state.pending:
             self.pending = dict(resume_state.pending)
@@ -140,7 +175,19 @@ class _TransactionalWriter(_KafkaWriter):
                 self._committing = False
                 self._room.notify_all()
 
+    def _one_at_a_time(self):
+        """The turn of this instance's transaction (a no-op unless commits are serialized)."""
+        return self._turn if self._turn is not None else contextlib.nullcontext()
+
     def _send(self, ready: list[int], skip: set[bytes]) -> None:
+        with self._one_at_a_time():
+            self._transaction(ready, skip)
+        with self._room:
+            for cid in ready:
+                del self.pending[cid]
+                self._parts.pop(cid, None)
+
+    def _transaction(self, ready: list[int], skip: set[bytes]) -> None:
         self.p.begin()
         topic, w = self.spec.topic, self.writer
         for cid in ready:
@@ -166,10 +213,6 @@ class _TransactionalWriter(_KafkaWriter):
                 if values:
                     self.p.send_many(topic, values, keys, headers)
         self.p.commit()  # flushes first
-        with self._room:
-            for cid in ready:
-                del self.pending[cid]
-                self._parts.pop(cid, None)
 
     def _recommit(self) -> None:
         """Commit the restored epochs, skipping records of theirs already visible."""
