@@ -147,7 +147,8 @@ class _KPConsumer(_ReadBack):
 
     def cluster_id(self):
         self.consumer.topics()  # a metadata request: it carries the cluster id
-        return self.consumer._client.cluster.cluster_id  # (kafka-python has no public getter)
+        # (kafka-python has no public getter)
+        return getattr(self.consumer._client.cluster, "cluster_id", None)
 
     def watermarks(self, topic, parts):
         from kafka import TopicPartition
