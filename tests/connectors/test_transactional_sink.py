@@ -228,6 +228,13 @@ def test_commits_are_serialized_on_tansu_and_not_elsewhere():
     assert not serializes_commits("tansu_cluster", False)
 
 
+def test_serialize_commits_takes_only_none_or_a_bool():
+    with pytest.raises(ValueError, match="serialize_commits must be None, True or False"):
+        rf.KafkaSink("t", serialize_commits="yes")
+    with pytest.raises(ValueError, match="serialize_commits must be None, True or False"):
+        rf.KafkaSink("t", serialize_commits=1)
+
+
 def _sink_instance(kafka_broker, topic, i, n, **kw):
     sink = rf.KafkaSink(topic, bootstrap=kafka_broker.bootstrap, **kw)
     ctx = StepContext("out", i, n, f"serial-{topic}", guarantee="exactly_once", run_id="r1")

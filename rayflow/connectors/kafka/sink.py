@@ -77,6 +77,9 @@ class KafkaSink(SinkSpec):
 
     def __post_init__(self) -> None:
         resolve_client(self.client, f"KafkaSink({self.topic!r})")  # a misspelt client fails
+        if self.serialize_commits is not None and not isinstance(self.serialize_commits, bool):
+            raise ValueError(f"KafkaSink({self.topic!r}): serialize_commits must be None, True "
+                             f"or False, got {self.serialize_commits!r}")
         if self.max_uncommitted_bytes <= 0:
             raise ValueError(f"KafkaSink({self.topic!r}): max_uncommitted_bytes must be > 0, "
                              f"got {self.max_uncommitted_bytes}")
