@@ -14,6 +14,7 @@ from rayflow.connectors.kafka import create_topic, produce, read_values
 from rayflow.testing import wait_for
 
 N = 4000
+N_LONG = 4 * N  # the random kills' input: a run of N can end before a kill comes
 
 
 def _slow_upper(raw: bytes) -> bytes:
@@ -21,12 +22,21 @@ def _slow_upper(raw: bytes) -> bytes:
     return raw.upper()
 
 
+def _input(kafka_broker, n: int) -> str:
+    topic = f"region-in-{n}-{time.time_ns()}"
+    create_topic(kafka_broker.bootstrap, topic, 4)
+    produce(kafka_broker.bootstrap, topic, [f"r{i}".encode() for i in range(n)], partitions=4)
+    return topic
+
+
 @pytest.fixture(scope="module")
 def region_input(kafka_broker):
-    topic = f"region-in-{time.time_ns()}"
-    create_topic(kafka_broker.bootstrap, topic, 4)
-    produce(kafka_broker.bootstrap, topic, [f"r{i}".encode() for i in range(N)], partitions=4)
-    return topic
+    return _input(kafka_broker, N)
+
+
+@pytest.fixture(scope="module")
+def long_region_input(kafka_broker):
+    return _input(kafka_broker, N_LONG)
 
 
 def _run(bs, topic_in, strategy):
@@ -68,7 +78,8 @@ def test_only_the_failed_region_restarts_and_output_is_exactly_once(
 
 @pytest.mark.slow
 @pytest.mark.parametrize("seed", range(6))
-def test_random_kills_in_a_flow_of_regions(ray_session, kafka_broker, region_input, seed):
+def test_random_kills_in_a_flow_of_regions(ray_session, kafka_broker, long_region_input,
+                                           seed):
     """One or two kills of any actor (the coordinator included: then everything restarts),
     the second maybe during the first recovery: exactly-once output every time."""
     import random
@@ -80,7 +91,7 @@ def test_random_kills_in_a_flow_of_regions(ray_session, kafka_broker, region_inp
     out = f"region-rand-{seed}-{time.time_ns()}"
     create_topic(bs, out, 2)
     flow = rf.Dataflow(f"region-rand-{seed}")
-    (flow.source("src", rf.KafkaSource(region_input, bootstrap=bs, bounded=True),
+    (flow.source("src", rf.KafkaSource(long_region_input, bootstrap=bs, bounded=True),
                  parallelism=2)
          .map("up", _slow_upper, disable_chaining=rng.random() < 0.5)
          .sink("out", rf.KafkaSink(out, bootstrap=bs), parallelism=2,
@@ -101,5 +112,7 @@ def test_random_kills_in_a_flow_of_regions(ray_session, kafka_broker, region_inp
         except Exception:  # noqa: BLE001 - already gone
             pass
     job.wait(240)
+    assert killed, "no kill landed before the job ended: the trial proves nothing"
     assert Counter(read_values(bs, out, "read_committed")) == \
-        Counter(f"R{i}".encode() for i in range(N)), f"seed {seed}, recoveries {job.recoveries}"
+        Counter(f"R{i}".encode() for i in range(N_LONG)), \
+        f"seed {seed}, recoveries {job.recoveries}"
