@@ -47,8 +47,8 @@ def _parse(raw: bytes) -> list[tuple[str, int]]:
     return [(w, msg["id"] * 10 + k) for k, w in enumerate(msg["words"])]
 
 
-def _expected(n: int = N) -> Counter:
-    counts = Counter(w for raw in _sentences(n) for w in json.loads(raw)["words"])
+def _expected(sentences: int = N) -> Counter:
+    counts = Counter(w for raw in _sentences(sentences) for w in json.loads(raw)["words"])
     out: Counter = Counter()
     for w, n in counts.items():
         for i in range(n // 10):

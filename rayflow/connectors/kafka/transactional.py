@@ -114,8 +114,9 @@ class _TransactionalWriter(_KafkaWriter):
         self._committing = False
         self.waited_s = 0.0  # time writes waited for a commit (backpressure)
         serial = serializes_commits(scanner.cluster_id(), spec.serialize_commits)
-        self._turn = commit_lock(scanner.bootstrap) if serial else None
-        with self._one_at_a_time():
+        # this instance's turn to run a transaction (nothing to wait for unless serialized)
+        self._turn = commit_lock(scanner.bootstrap) if serial else contextlib.nullcontext()
+        with self._turn:
             self.p.init_transactions()  # fences an older producer of this instance
         self.low = scanner.end_offsets(spec.topic)  # our next records land at or after this
         if resume_state and resume_state.pending:
@@ -175,12 +176,8 @@ class _TransactionalWriter(_KafkaWriter):
                 self._committing = False
                 self._room.notify_all()
 
-    def _one_at_a_time(self):
-        """The turn of this instance's transaction (a no-op unless commits are serialized)."""
-        return self._turn if self._turn is not None else contextlib.nullcontext()
-
     def _send(self, ready: list[int], skip: set[bytes]) -> None:
-        with self._one_at_a_time():
+        with self._turn:
             self._transaction(ready, skip)
         with self._room:
             for cid in ready:
