@@ -334,15 +334,13 @@ def _mpi_worker(cases: list) -> None:
 
 
 def run_mpi(ranks: int, cases: list) -> dict | None:
-    exe = Path(sys.executable).parent / "mpiexec"
-    try:
-        import mpi4py  # noqa: F401
-    except ImportError:
-        return None
-    if not exe.exists():
+    import peers
+
+    exe = peers._mpiexec()  # beside this Python, else on PATH; None without mpi4py
+    if exe is None:
         return None
     env = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
-    proc = subprocess.run([str(exe), "-n", str(ranks), sys.executable, str(HERE), "--mpi-worker",
+    proc = subprocess.run([exe, "-n", str(ranks), sys.executable, str(HERE), "--mpi-worker",
                            json.dumps(cases)], capture_output=True, text=True, env=env, timeout=300)
     for line in proc.stdout.splitlines():
         if line.startswith("MPI-RESULT "):

@@ -98,10 +98,10 @@ class CpuMeter:
         self.cpu_s = sum(v - self._first.get(k, 0.0) for k, v in self._last.items())
 
 
-def rayflow_run(query: str, n: int, backend: str) -> dict:
+def rayflow_run(query: str, n: int, backend: str, parallelism: int = 1) -> dict:
     """One run; the meter starts once the job runs (its actors are up), so start-up is
     reported apart (``start_s``) and not in the per-core figure."""
-    flow = nexmark_flow(query, CONFIG, n, sink=rf.DiscardSink(),
+    flow = nexmark_flow(query, CONFIG, n, sink=rf.DiscardSink(), parallelism=parallelism,
                         name=f"nexmark-{query}-{time.time_ns()}")
     t0 = time.perf_counter()
     job = flow.run(checkpoint={"processing_guarantee": "exactly_once", "state_backend": backend,

@@ -12,6 +12,7 @@ from rayflow.errors import RayflowError
 
 from .base import _Ctx, _generic, _machine_line, _Plotter, _table
 from .hpc import _collectives, _mpi_api, _w5, _w6
+from .scaling import _scaling
 from .streams import _w1, _w2, _w3, _w4, _w7
 
 
@@ -55,6 +56,8 @@ _SPECS = [
           _collectives, optional=True),
     _Spec("mpi4py programs", "mpi4py programs: `rayflow mpirun` vs `mpiexec`", "mpi_api",
           _mpi_api, optional=True),
+    _Spec("Many cores", "Many cores: collectives, Cannon, CG, Nexmark and W3 on 16 cores",
+          "scaling", _scaling, optional=True),
 ]
 
 

@@ -223,7 +223,7 @@ class Ring:
 
 
 class Segment:
-    """A shared-memory file for payloads too large for a ring, reused message after message.
+    r"""A shared-memory file for payloads too large for a ring, reused message after message.
 
     The sender :meth:`create`\ s one, :meth:`fill`\ s it with a message's parts and sends the
     returned address through the ring; the receiver maps it (:class:`SegmentMaps` keeps the
