@@ -38,6 +38,7 @@ from rayflow.hpc.backends.ray_backend import (
     join_group,
     set_local_host,
 )
+from rayflow.hpc.blas import limit_blas_threads
 from rayflow.hpc.comm import Communicator
 
 _log = logging.getLogger(__name__)
@@ -78,14 +79,7 @@ class RankActor(MailboxHost):
 
     def __init__(self, blas_threads: int | None):
         set_local_host(self)
-        self._limits = None
-        if blas_threads:
-            try:  # threadpoolctl is an optional (bench/dev) dependency
-                from threadpoolctl import threadpool_limits
-
-                self._limits = threadpool_limits(limits=blas_threads, user_api="blas")
-            except ImportError:
-                pass
+        self._limits = limit_blas_threads(blas_threads)
         self._transport: Any = None
         self._native: Any = None
         self._check_roots = False  # hpc.check_collectives, set by setup()
@@ -157,7 +151,8 @@ class Gang:
         gang_timeout_s: how long to wait for the whole gang to be placed.
         rank_num_cpus: CPUs reserved per rank (default ``hpc.rank_num_cpus``, 1; on the
             embedded local Ray a default that does not fit becomes an equal share).
-        blas_threads: BLAS threads per rank (threadpoolctl); ``None`` leaves the default.
+        blas_threads: BLAS threads per rank, numpy's and scipy's BLAS alike
+            (:func:`~rayflow.hpc.blas.limit_blas_threads`); ``None`` leaves the default.
         options: the :class:`~rayflow.config.HpcOptions` supplying unset arguments.
     """
 

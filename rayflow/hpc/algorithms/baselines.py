@@ -21,18 +21,8 @@ import ray
 
 from rayflow.hpc.algorithms.cg import CGResult, _row_blocks
 from rayflow.hpc.algorithms.cg_math import conjugate_gradient
+from rayflow.hpc.blas import limit_blas_threads
 from rayflow.hpc.dataset import BlockDataset
-
-
-def _limit_blas(threads: int | None):
-    if threads:
-        try:
-            from threadpoolctl import threadpool_limits
-
-            return threadpool_limits(limits=threads, user_api="blas")
-        except ImportError:
-            pass
-    return None
 
 
 @ray.remote
@@ -43,7 +33,7 @@ def _replicate(block: np.ndarray, copies: int, blas_threads: int | None):
 
 @ray.remote
 def _multiply(a: np.ndarray, b: np.ndarray, blas_threads: int | None) -> np.ndarray:
-    _limit_blas(blas_threads)
+    limit_blas_threads(blas_threads)
     return a @ b
 
 
@@ -109,7 +99,7 @@ class _MatvecWorker:
     """Caches one row block of A (the Spark executor's cached partition)."""
 
     def __init__(self, block, blas_threads: int | None):
-        self._limits = _limit_blas(blas_threads)
+        self._limits = limit_blas_threads(blas_threads)
         self.a = block
 
     def matvec(self, v: np.ndarray) -> np.ndarray:
