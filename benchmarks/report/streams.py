@@ -269,8 +269,8 @@ def _w3(doc: dict, ctx: _Ctx) -> list[str]:
         lines += ["**At default settings**: no stream option is set (`batch_size` stays "
                   "16,384). A slow step scales because a channel sizes each batch by the "
                   "receiver's measured time per call (`stream.batch_target_s`, 0.1 s) and a "
-                  "rebalance sends each part to the instance with the fewest calls in "
-                  "flight.", ""]
+                  "rebalance sends each part to the instance with the fewest records in "
+                  "flight, a large batch's last part too.", ""]
     lines += ["`rec/s` is the job's own figure, records / (last write − first source batch), "
               "start-up excluded; `wall rec/s` is records / (job end − job start), start-up "
               "and teardown included.", ""]

@@ -190,8 +190,9 @@ def deal(n: int, rows_for: Callable[[int, int], int | None],
 
 
 def least_loaded(loads: list[int], start: int) -> int:
-    """The channel with the fewest calls in flight; among equals, the first from ``start`` on
-    (round-robin order), so equal receivers take turns and a slower one gets fewer parts.
+    """The channel with the least load (the channels pass their records in flight); among
+    equals, the first from ``start`` on (round-robin order), so equal receivers take turns
+    and a slower one gets fewer parts.
 
         >>> least_loaded([2, 1, 1], 0), least_loaded([2, 1, 1], 2), least_loaded([0, 0], 1)
         (1, 2, 1)

@@ -259,6 +259,11 @@ def test_parts_only_when_what_is_left_costs_more_than_engage_targets():
     assert em._rows_for(a, 0) == 128 * 10  # what a source may poll for this channel
     assert em._rows_for(a, 1280) is None  # 1.25 s left: not worth parts, the rest goes whole
     assert em._rows_for(a, 1281) == 128
+    # a part of a batch that goes in parts: at the pace to its end, whatever is left, but a
+    # rest of at most one and a half parts goes as one
+    assert em._rows_for(a, 1000, whole=5000) == 128
+    assert em._rows_for(a, 193, whole=5000) == 128
+    assert em._rows_for(a, 192, whole=5000) is None
     assert em._rows_for(b, 1281) == 512  # not measured yet: a first part
     # the fixed cost counts: 0.25 s a call plus 1/1024 s a record is 1.25 s at 1024 records
     _warm(b.pace)
