@@ -54,6 +54,21 @@ def write_result(name: str, payload: dict[str, Any]) -> Path:
     return path
 
 
+def timed(fn, reps: int) -> tuple[float, list[float]]:
+    """``fn`` once to warm up (worker processes, imports, first-touch pages), then ``reps``
+    timed calls: (median seconds, every time)."""
+    import time
+    from statistics import median
+
+    fn()
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return median(times), times
+
+
 def ratio(ours: float, other: float) -> float | None:
     """ours / other, or None when other is zero or missing."""
     return round(ours / other, 3) if other else None

@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import click  # noqa: E402
 import numpy as np  # noqa: E402
 import peers  # noqa: E402
-from _common import machine_info, print_table, ratio, write_result  # noqa: E402
+from _common import machine_info, print_table, ratio, timed, write_result  # noqa: E402
 from report.published import W5_CANNON as PUBLISHED  # noqa: E402
 
 
@@ -37,16 +37,6 @@ def _peers() -> dict[str, bool]:
     out = {m: importlib.util.find_spec(m) is not None for m in ("mpi4py", "dask")}
     out["pyspark"] = peers.spark_installed()
     return out
-
-
-def _time(fn, reps: int) -> tuple[float, list[float]]:
-    fn()  # warm-up: worker processes, imports and first-touch pages are not what we measure
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return median(times), times
 
 
 def _cannon_with_fault(comm, a, b):
@@ -159,10 +149,10 @@ def run(sizes: list[int], grids: list[int], reps: int, backends: list[str],
         rng = np.random.default_rng(n)
         a, b = rng.standard_normal((n, n)), rng.standard_normal((n, n))
         with threadpool_limits(1, user_api="blas"):
-            t_np, _ = _time(lambda a=a, b=b: a @ b, reps)
+            t_np, _ = timed(lambda a=a, b=b: a @ b, reps)
             ref = a @ b
         # numpy with every core of the machine (BLAS threads unlimited): the honest bound
-        t_np_all, _ = _time(lambda a=a, b=b: a @ b, reps)
+        t_np_all, _ = timed(lambda a=a, b=b: a @ b, reps)
         mats[n] = (a, b, ref, t_np, t_np_all)
     try:
         for p in grids:
@@ -179,7 +169,7 @@ def run(sizes: list[int], grids: list[int], reps: int, backends: list[str],
                 peer_mpi = peers.mpi("cannon", p * p, n, reps)
                 peer_dask = peers.dask_matmul(a, b, p, reps)
                 peer_spark = peers.spark("cannon", p * p, n, 1) if p == max(grids) else None
-                data[n] = (A, B, _time(shuffle, reps)[0], peer_mpi, peer_dask, peer_spark)
+                data[n] = (A, B, timed(shuffle, reps)[0], peer_mpi, peer_dask, peer_spark)
             for backend in backends:
                 t0 = time.perf_counter()
                 g = gangs[backend] = Gang(p * p, backend=backend, rank_num_cpus=1,
@@ -198,7 +188,7 @@ def run(sizes: list[int], grids: list[int], reps: int, backends: list[str],
                     def cannon(A=A, B=B, g=g, last=last):
                         last["c"] = cannon_matmul(A, B, gang=g)
 
-                    t_c, all_t = _time(cannon, reps)
+                    t_c, all_t = timed(cannon, reps)
                     c = last["c"]
                     err = float(np.abs(c.to_numpy() - ref).max() / np.abs(ref).max())
                     rss = c.stage.rank_maxrss_bytes

@@ -336,7 +336,7 @@ def _mpi_worker(cases: list) -> None:
 def run_mpi(ranks: int, cases: list) -> dict | None:
     import peers
 
-    exe = peers._mpiexec()  # beside this Python, else on PATH; None without mpi4py
+    exe = peers.mpiexec()
     if exe is None:
         return None
     env = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}

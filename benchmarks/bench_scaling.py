@@ -61,7 +61,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import click  # noqa: E402
 import numpy as np  # noqa: E402
 import peers  # noqa: E402
-from _common import RESULTS_DIR, machine_info, print_table, ratio, write_result  # noqa: E402
+from _common import RESULTS_DIR, machine_info, print_table, ratio, timed, write_result  # noqa: E402
 
 SECTIONS = ("collectives", "cannon", "cg", "nexmark", "sleep")
 
@@ -73,16 +73,6 @@ def _no_save(section: dict) -> None:
 # set by main(): writes a section's rows so far, so a section stopped by a time limit keeps
 # what it measured (marked ``"partial": true``)
 save_partial = _no_save
-
-
-def _time(fn, reps: int) -> tuple[float, list[float]]:
-    fn()  # warm-up
-    ts = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t0)
-    return median(ts), ts
 
 
 def all_cores():
@@ -144,7 +134,7 @@ def cannon(quick: bool) -> dict:
         rng = np.random.default_rng(n)
         a, b = rng.standard_normal((n, n)), rng.standard_normal((n, n))
         with all_cores():
-            t_all, _ = _time(lambda a=a, b=b: a @ b, reps)
+            t_all, _ = timed(lambda a=a, b=b: a @ b, reps)
         ref = a @ b
         t_one = None  # one thread at n = 8192 takes half a minute: measured at 4096 only
         if n <= 4096:
@@ -163,7 +153,7 @@ def cannon(quick: bool) -> dict:
                 def run(A=A, B=B, g=g, last=last):
                     last["c"] = cannon_matmul(A, B, gang=g)
 
-                t_c, runs = _time(run, reps)
+                t_c, runs = timed(run, reps)
                 err = float(np.abs(last["c"].to_numpy() - ref).max() / np.abs(ref).max())
             # mpi4py's Cannon builds both matrices and a single-thread reference in every
             # rank: affordable at n = 4096 only
@@ -186,7 +176,10 @@ def cannon(quick: bool) -> dict:
     if not quick and PLAN["recovery"]:
         import bench_cannon
 
-        recovery = bench_cannon._recovery_pairs(2048, 4, 1, _hpc_options(warm=False))
+        from rayflow.config import load_config
+
+        recovery = bench_cannon._recovery_pairs(  # each run starts its own gang
+            2048, 4, 1, load_config(hpc={"warm_gang_idle_s": 0}).hpc)
     print_table("Cannon, 1 BLAS thread per rank",
                 ["n", "ranks", "s", "GF/s", "x 1 thread", "t/numpy all", "t/mpi4py"],
                 [[r["n"], r["ranks"], r["cannon_s"], r["cannon_gflops"], r["speedup_vs_1thread"],
@@ -195,12 +188,6 @@ def cannon(quick: bool) -> dict:
     if recovery is not None:  # (a rerun without it keeps the one measured before)
         out["recovery"] = recovery
     return out
-
-
-def _hpc_options(warm: bool):
-    from rayflow.config import load_config
-
-    return load_config(hpc={} if warm else {"warm_gang_idle_s": 0}).hpc
 
 
 #: what a rerun may narrow (``--cg-sizes``, ``--cg-ranks``, ``--queries``, ``--no-recovery``)
@@ -223,11 +210,11 @@ def merge_rows(section: str, old: list[dict], new: list[dict]) -> list[dict]:
     names = ROW_KEYS[section]
 
     def key(r: dict) -> tuple:
-        return tuple(str(r.get(k)) if isinstance(r.get(k), str) else r.get(k) for k in names)
+        return tuple(r.get(k) for k in names)
 
     fresh = {key(r) for r in new}
     rows = [r for r in old if key(r) not in fresh] + list(new)
-    return sorted(rows, key=lambda r: tuple((0, v) if isinstance(v, (int, float)) else (1, str(v))
+    return sorted(rows, key=lambda r: tuple(str(v) if isinstance(v, str) else f"{v:020}"
                                             for v in key(r)))
 
 
@@ -251,10 +238,10 @@ def cg(quick: bool) -> dict:
             return x, st.iteration
 
         with threadpool_limits(1, user_api="blas"):
-            t_one, _ = _time(numpy_cg, reps)
+            t_one, _ = timed(numpy_cg, reps)
             x_np = numpy_cg()[0]
         with all_cores():
-            t_all, _ = _time(numpy_cg, reps)
+            t_all, _ = timed(numpy_cg, reps)
         ms_one, ms_all = t_one / iters * 1e3, t_all / iters * 1e3
         for r in rank_counts:
             A, B = BlockDataset.from_numpy(a, (r, 1)), BlockDataset.from_numpy(b, r)

@@ -22,7 +22,8 @@ from statistics import median
 HERE = Path(__file__).resolve().parent
 
 
-def _mpiexec() -> str | None:
+def mpiexec() -> str | None:
+    """``mpiexec`` beside this Python, else on PATH; None without mpi4py."""
     if importlib.util.find_spec("mpi4py") is None:
         return None
     here = Path(sys.executable).parent / "mpiexec"
@@ -31,7 +32,7 @@ def _mpiexec() -> str | None:
 
 def mpi(kind: str, ranks: int, *args: int, timeout_s: float = 900) -> dict | None:
     """Run ``peer_mpi.py kind args`` on ``ranks`` MPI ranks; rank 0's result, or None."""
-    exe = _mpiexec()
+    exe = mpiexec()
     if exe is None:
         return None
     env = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",

@@ -307,6 +307,15 @@ def _plot_w6(ctx: _Ctx, rows: list[dict]) -> Path | None:
 
 # -- collectives and mpi4py programs ----------------------------------------------------------
 
+def collectives_table(rows: list[dict]) -> list[str]:
+    """rayflow beside mpi4py's pickle and buffer APIs, µs per call, one row per case."""
+    return _table(["ranks", "op", "bytes", "rayflow µs", "mpi4py pickle µs", "mpi4py buffer µs",
+                   "÷ pickle", "÷ buffer"],
+                  [[r["ranks"], r["op"], r["bytes"], r["rayflow_us"], r.get("mpi4py_pickle_us"),
+                    r.get("mpi4py_buffer_us"), _x(r.get("vs_pickle")), _x(r.get("vs_buffer"))]
+                   for r in rows])
+
+
 def _collectives(doc: dict, ctx: _Ctx) -> list[str]:
     rows = doc["rows"]
     lines = ["The direct rank-to-rank transport (shared-memory rings and segments on one node) "
@@ -316,11 +325,7 @@ def _collectives(doc: dict, ctx: _Ctx) -> list[str]:
              "MPI's buffer `Allreduce` does). 4 ranks on a "
              "2-core machine oversubscribe it (rayflow's ranks then sleep instead of "
              "spinning).", ""]
-    lines += _table(["ranks", "op", "bytes", "rayflow µs", "mpi4py pickle µs",
-                     "mpi4py buffer µs", "÷ pickle", "÷ buffer"],
-                    [[r["ranks"], r["op"], r["bytes"], r["rayflow_us"], r.get("mpi4py_pickle_us"),
-                      r.get("mpi4py_buffer_us"), _x(r.get("vs_pickle")), _x(r.get("vs_buffer"))]
-                     for r in rows])
+    lines += collectives_table(rows)
     for key, title in (("allreduce_1MiB_cost_us", "Where a 1 MiB allreduce's time goes (2 ranks, "
                         "one process, no waiting; the \"before\" rows are what the old path "
                         "paid: a new segment per message and a new result array)"),

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from . import published
 from .base import _Ctx, _n, _table, _x
+from .hpc import collectives_table
 
 WHERE = "Many cores"
 
@@ -42,11 +43,7 @@ def _collectives(sec: dict, ctx: _Ctx) -> list[str]:
     out = [f"### Collectives, 2 to 8 ranks ({_machine(sec)})", "",
            "Median µs per call on rank 0, rayflow's Ray-native backend against mpi4py on "
            "MPICH under `mpiexec`, on the same cores, no rank sharing a core.", ""]
-    out += _table(["ranks", "op", "bytes", "rayflow µs", "mpi4py pickle µs", "mpi4py buffer µs",
-                   "÷ pickle", "÷ buffer"],
-                  [[r["ranks"], r["op"], r["bytes"], r["rayflow_us"], r.get("mpi4py_pickle_us"),
-                    r.get("mpi4py_buffer_us"), _x(r.get("vs_pickle")), _x(r.get("vs_buffer"))]
-                   for r in rows])
+    out += collectives_table(rows)
 
     def one(ranks: int, op: str, nbytes: int) -> dict | None:
         return next((r for r in rows if (r["ranks"], r["op"], r["bytes"]) == (ranks, op, nbytes)),
