@@ -2,7 +2,15 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from rayflow.core.records import concat, nbytes, num_rows, partition_indices, stable_hash, take
+from rayflow.core.records import (
+    concat,
+    nbytes,
+    num_rows,
+    partition_indices,
+    stable_hash,
+    stable_order,
+    take,
+)
 
 
 def test_num_rows_and_nbytes_per_container():
@@ -55,3 +63,11 @@ def test_take_and_concat_roundtrip():
     assert take(t, idx)["a"].to_pylist() == [4, 0]
     assert concat([[1], [2, 3]]) == [1, 2, 3]
     assert concat([t, t]).num_rows == 12
+
+
+@pytest.mark.parametrize("distinct", [1, 3, 1 << 16, (1 << 16) + 1, 200_000])
+def test_stable_order_is_numpys_stable_argsort(distinct):
+    # 16-bit codes where they fit (radix sort), 64-bit above: the same order either way
+    rng = np.random.default_rng(distinct)
+    codes = rng.integers(0, distinct, 50_000)
+    assert np.array_equal(stable_order(codes, distinct), np.argsort(codes, kind="stable"))

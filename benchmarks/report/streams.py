@@ -344,6 +344,8 @@ def _w4(doc: dict, ctx: _Ctx) -> list[str]:
               "the peers are one process):", ""] + table(scaling, "plain loop")
     if doc.get("peers_note"):
         lines += [f"Peers: {doc['peers_note']}.", ""]
+    if doc.get("machine_note"):
+        lines += [f"This run's machine: {doc['machine_note']}", ""]
     guar = doc.get("guarantees") or []
     lines += ["Guarantees and state backends, parallelism 1, checkpoints every 0.5 s (the "
               "exactly-once sink's records are visible at its commits: its delivered figure "

@@ -330,7 +330,7 @@ def test_step_actors_tune_the_garbage_collector_as_configured(ray_session):
         return f
 
     # the default: fewer collections, and what the built steps hold is frozen out of them
-    assert flow("gc-default").run(timeout_s=120).collect("out") == [((50_000, 20, 100), True)]
+    assert flow("gc-default").run(timeout_s=120).collect("out") == [((200_000, 20, 100), True)]
     job = flow("gc-set").run(timeout_s=120, stream={"gc_threshold": [700, 10, 10],
                                                     "gc_freeze": False})
     assert job.collect("out") == [((700, 10, 10), False)]

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from rayflow.core.operators import Logic, OperatorSpec, Output, StepContext, describe_exception
-from rayflow.core.records import key_codes, rows
+from rayflow.core.records import key_codes, rows, stable_order
 from rayflow.operators.keyed import _GLOBAL, _is_ttl, _StatefulLogic, check_ttl
 from rayflow.operators.queues import WindowEnds, WindowQueue
 from rayflow.operators.windows.aggregators import Aggregator, Reduce
@@ -113,7 +113,7 @@ class _CountLogic(_StatefulLogic):
         without a vectorized form, or one that failed, e.g. on a null, so that the bad
         records become dead letters one by one)."""
         size, agg, state = self.spec.windower.size, self.spec.aggregator, self.state
-        order = np.argsort(codes, kind="stable")
+        order = stable_order(codes, len(keys))
         counts = np.bincount(codes, minlength=len(keys))
         present = np.flatnonzero(counts)
         m = counts[present]
@@ -145,9 +145,14 @@ class _CountLogic(_StatefulLogic):
         closed = np.flatnonzero(filled >= size)
         closed = closed[np.argsort(order[ends[closed] - 1], kind="stable")]  # input order
         c_own, c_seq = owner[closed].tolist(), (seq_prev[owner[closed]] + t[closed]).tolist()
-        result = agg.result
-        out = [WindowResult(pkeys[o], s, s + 1, result(accs[k]))
-               for o, s, k in zip(c_own, c_seq, closed.tolist())]
+        new = tuple.__new__  # a WindowResult without its Python-level __new__ (see _fire)
+        if type(agg).result is Aggregator.result:  # the result is the accumulator
+            out = [new(WindowResult, (pkeys[o], s, s + 1, accs[k]))
+                   for o, s, k in zip(c_own, c_seq, closed.tolist())]
+        else:
+            result = agg.result
+            out = [new(WindowResult, (pkeys[o], s, s + 1, result(accs[k])))
+                   for o, s, k in zip(c_own, c_seq, closed.tolist())]
         last = seg0 + nseg - 1
         ended = (filled[last] >= size).tolist()
         n_last, seq_last = filled[last].tolist(), (seq_prev + nseg - 1).tolist()
