@@ -84,11 +84,14 @@ def test_chains_follow_one_to_one_edges(kw, expected):
     assert chains(_linear(**kw, opts=opts)) == expected
 
 
-def test_chains_stop_at_fan_out_side_outputs_and_when_disabled():
+def test_chains_take_fan_out_and_side_outputs_and_stop_at_two_inputs_or_when_disabled():
     f = Dataflow("fan")
     s = f.source("src", MemorySource([1])).map("m", str)
     s.sink("a", CollectSink())
-    s.sink("b", CollectSink())  # m feeds two steps: both need channels
-    s.side("late").sink("c", CollectSink())
-    assert chains(f) == {"src": "src", "m": "src", "a": "a", "b": "b", "c": "c"}
+    s.sink("b", CollectSink())  # m feeds two steps: both chain, as in Flink
+    s.side("late").sink("c", CollectSink())  # a side output chains too
+    two = s.map("x", str).merge("both", f.source("src2", MemorySource([2])))
+    two.map("y", str, parallelism=2)  # two inputs, then another parallelism: channels
+    assert chains(f) == {"src": "src", "m": "src", "a": "src", "b": "src", "c": "src",
+                         "x": "src", "src2": "src2", "both": "both", "y": "y"}
     assert set(chains(_linear(), enabled=False).values()) == {"src", "m", "out"}

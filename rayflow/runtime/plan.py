@@ -130,11 +130,13 @@ def chains(flow: Dataflow, enabled: bool = True) -> dict[str, str]:
     """Which step each step is chained to: ``{step_id: head step_id}`` (a head maps to itself).
 
     Step D runs in the actor of its upstream U, instance i with instance i, as in Flink's
-    operator chaining, when the edge between them is one-to-one and nothing else needs a
-    channel there: D reads only U's main output, U feeds only D, their parallelism is equal
-    and the edge is ``forward`` (any partitioning when both have one instance), both ask for
-    the same actor options, and neither opts out (``start_new_chain=True`` on D,
-    ``disable_chaining=True`` on either).
+    operator chaining, when the edge between them is one-to-one: D has that one input, their
+    parallelism is equal and the edge is ``forward`` (any partitioning when both have one
+    instance), both ask for the same actor options, and neither opts out
+    (``start_new_chain=True`` on D, ``disable_chaining=True`` on either). As in Flink, U may
+    feed other steps too, and the edge may leave from a side output (a branch's second
+    stream, late records): U hands each chained consumer its batches by a plain call, one
+    after the other, and sends to the others through channels.
 
         >>> from rayflow.dataflow import Dataflow
         >>> from rayflow.connectors.memory import MemorySource, CollectSink
@@ -144,10 +146,6 @@ def chains(flow: Dataflow, enabled: bool = True) -> dict[str, str]:
         {'s': 's', 'm': 's', 'k': 'k', 'out': 'k'}
     """
     steps = {s.step_id: s for s in flow.steps}
-    consumers: dict[str, int] = {sid: 0 for sid in steps}
-    for s in flow.steps:
-        for e in s.inputs:
-            consumers[e.upstream] += 1
     head: dict[str, str] = {}
     for sid in _topological(flow):
         d = steps[sid]
@@ -156,7 +154,7 @@ def chains(flow: Dataflow, enabled: bool = True) -> dict[str, str]:
             continue
         e = d.inputs[0]
         u = steps[e.upstream]
-        if u.kind == "sink" or e.port != "main" or consumers[u.step_id] != 1:
+        if u.kind == "sink":
             continue
         if u.parallelism != d.parallelism:
             continue

@@ -1,13 +1,17 @@
 """merge and branch on the runtime, against plain Python."""
 
 import math
+import time
 from collections import Counter
 
 import pytest
 
 import rayflow as rf
+from rayflow.connectors.kafka import produce, read_values
 from rayflow.errors import ConfigError
-from rayflow.operators.windows import Count, EventTime, TumblingWindow
+from rayflow.examples.wordcount import parse, sentences
+from rayflow.operators.windows import Count, CountWindow, EventTime, TumblingWindow
+from rayflow.testing import wait_for
 
 
 @pytest.mark.parametrize("par", [1, pytest.param(3, marks=pytest.mark.slow)])
@@ -71,3 +75,67 @@ def test_merge_and_branch_reject_bad_input():
     other = rf.Dataflow("other").source("o", rf.MemorySource([1]))
     with pytest.raises(ConfigError, match="takes streams of flow 'bad'"):
         s.merge("m2", other)
+
+
+def _slow_words(record):
+    time.sleep(0.002)  # stretch the run over several checkpoints
+    return [w for w, _, _ in parse(record)]
+
+
+def _fan_out_flow(topic_in, long_out, short_out, bs, name):
+    """A branch whose two outputs both chain on (one into a map, one into a keyed count
+    window), each into its own exactly-once sink: every step in the source's actor."""
+    f = rf.Dataflow(name)
+    long_words, short_words = (f.source("in", rf.KafkaSource(topic_in, bootstrap=bs,
+                                                             bounded=True))
+                                .flat_map("words", _slow_words)
+                                .branch("split", lambda w: len(w) >= 6))
+    long_words.map("upper", str.upper).sink("long", rf.KafkaSink(long_out, bootstrap=bs))
+    (short_words.key_by(lambda w: w)
+        .window("count", CountWindow(10), Count())
+        .map("fmt", lambda r: f"{r.key}:{r.start}:{r.value}".encode())
+        .sink("short", rf.KafkaSink(short_out, bootstrap=bs)))
+    return f
+
+
+def _fan_out_reference(records):
+    """Plain Python: the long words upper-cased, and count windows of 10 per short word
+    (the open ones closed at the end of the input)."""
+    words = [w for r in records for w, _, _ in parse(r)]
+    long_words = Counter(w.upper().encode() for w in words if len(w) >= 6)
+    seen: Counter = Counter()
+    windows = Counter()
+    for w in (w for w in words if len(w) < 6):
+        seen[w] += 1
+        if seen[w] % 10 == 0:
+            windows[f"{w}:{seen[w] // 10 - 1}:10".encode()] += 1
+    for w, n in seen.items():
+        if n % 10:
+            windows[f"{w}:{n // 10}:{n % 10}".encode()] += 1
+    return long_words, windows
+
+
+def test_fan_out_chains_into_one_actor_and_recovers_exactly_once(ray_session, kafka_broker,
+                                                                  new_topic):
+    """As in Flink, a step's outputs chain on whether it has one consumer or several, on its
+    main output or a side one: the whole flow is one actor. Killed after a checkpoint, it
+    restores and writes each output exactly once (plain-Python ground truth)."""
+    import ray
+
+    bs = kafka_broker.bootstrap
+    topic_in, long_out, short_out = new_topic(), new_topic(), new_topic()
+    data = list(sentences(1200, words=6))
+    produce(bs, topic_in, data)
+    job = rf.run(_fan_out_flow(topic_in, long_out, short_out, bs, "fan-out-eos"),
+                 background=True, stream={"batch_size": 20},
+                 checkpoint={"interval_s": 0.3, "processing_guarantee": "exactly_once"})
+    actors = {h._actor_id for h in job.hosts.values()}
+    assert len(actors) == 1, sorted(job.hosts)
+    wait_for(lambda: any(c["status"] == "completed" for c in job.checkpoints()))
+    wait_for(lambda: job.metrics()["count"]["records_in"] > 0)
+    ray.kill(job.hosts[("in", 0)], no_restart=True)
+    job.wait(120)
+    assert len(job.recoveries) == 1 and job.recoveries[0]["restored_checkpoint"] is not None
+    long_words, windows = _fan_out_reference(data)
+    assert Counter(read_values(bs, long_out, "read_committed")) == long_words
+    assert Counter(read_values(bs, short_out, "read_committed")) == windows
