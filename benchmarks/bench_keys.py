@@ -76,18 +76,21 @@ def layout(keys: int, min_records: int, series: str) -> tuple[int, int]:
 
 def _batches(keys: int, per_key: int, windows: int):
     """``(records, event times, watermark)``: window w holds every key ``per_key`` times,
-    keys in turn, at times spread evenly over the window; the watermark trails the batch
+    keys in turn in an order of their own (a fixed random permutation: keys come from an
+    input in no order, not sorted by name, so a window's firing order costs what it
+    costs there), at times spread evenly over the window; the watermark trails the batch
     by 1 ms."""
     import numpy as np
 
     per_window = keys * per_key
     dt = WINDOW_S / per_window
+    order = np.random.default_rng(0).permutation(keys)
     # batches do not straddle windows: after a window's last batch all its keys are open
     for lo, hi in ((lo, min((w + 1) * per_window, lo + BATCH)) for w in range(windows)
                    for lo in range(w * per_window, (w + 1) * per_window, BATCH)):
         i = np.arange(lo, hi)
         t = i * dt
-        recs = [(f"k{k}", x) for k, x in zip((i % keys).tolist(), t.tolist())]
+        recs = [(f"k{k}", x) for k, x in zip(order[i % keys].tolist(), t.tolist())]
         yield recs, t, float(t[-1]) - 0.001
 
 

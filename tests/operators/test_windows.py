@@ -440,3 +440,24 @@ def test_the_window_queues_fire_in_time_then_key_order_and_keep_what_a_caller_le
     assert got[len(early)] == (1.0, "late", None)
     assert got[len(early) + 1:] == [e for e in want if e[0] > 2.0]
     assert len(q) == 0 and q.peek() == float("inf")
+
+
+def test_window_ends_orders_distinct_and_equal_key_texts_as_the_tuples_do():
+    import random
+
+    from rayflow.operators.queues import WindowEnds
+
+    rng = random.Random(5)
+    keys = list(range(2000))
+    rng.shuffle(keys)  # keys that arrive in no order, each text once: sorted by text
+    q = WindowEnds()
+    for k in keys:
+        q.push(10.0, k, (0.0, 10.0))
+    assert [k for _, k, _ in q.pop_until(10.0)] == sorted(keys, key=str)
+    # equal texts (1 and "1"): then by window, then in push order, as the tuples sort
+    q.push(5.0, "1", (1.0, 5.0))
+    q.push(5.0, 2, (0.0, 5.0))
+    q.push(5.0, 1, (1.0, 5.0))
+    q.push(5.0, 1, (0.0, 5.0))
+    assert list(q.pop_until(5.0)) == [(5.0, 1, (0.0, 5.0)), (5.0, "1", (1.0, 5.0)),
+                                      (5.0, 1, (1.0, 5.0)), (5.0, 2, (0.0, 5.0))]
