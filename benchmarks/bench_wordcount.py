@@ -76,7 +76,7 @@ def plain(bs: str, topic: str, n: int, client: str, counts: dict[str, int]):
 def rayflow(bs: str, topic: str, n: int, counts: dict[str, int], parallelism: int = 1,
             split: bool = False,
             guarantee: str = "at_least_once", backend: str = "memory", state_dir: str = "",
-            client: str = "confluent", stream: dict | None = None):
+            client: str = "confluent"):
     def run(_round: int) -> dict:
         out = S.new_topic(bs, "wc-rf")
         flow = build_flow(topic, out, bs, parallelism, name=f"wc-{time.time_ns()}",
@@ -85,8 +85,7 @@ def rayflow(bs: str, topic: str, n: int, counts: dict[str, int], parallelism: in
         job = rf.run(flow, background=True,
                      checkpoint={"processing_guarantee": guarantee,
                                  "state_backend": backend, "state_dir": state_dir,
-                                 "interval_s": 0.5},
-                     stream=stream or {})
+                                 "interval_s": 0.5})
         processes = len(job.actors())  # while it runs: its actors are gone after the end
         job.wait()
         m = job.metrics()["sink"]

@@ -99,8 +99,8 @@ class WindowEnds:
         # 2-core test machine). Equal texts (two windows of a key ending together, keys
         # whose str() agree) fall back to the tuples' own sort.
         bucket.sort(key=_TEXT)
-        texts = list(map(_TEXT, bucket))
-        if any(map(operator.eq, texts, itertools.islice(texts, 1, None))):
+        if any(map(operator.eq, map(_TEXT, bucket),
+                   map(_TEXT, itertools.islice(bucket, 1, None)))):
             bucket.sort()
         return fire_at, bucket
 

@@ -29,6 +29,13 @@ from rayflow.operators.windows.windowers import (
 )
 
 _MISSING = object()
+
+
+def _result_fn(agg: Aggregator) -> Callable[[Any], Any] | None:
+    """``agg.result``, or None when it is the accumulator itself (then not called: a call
+    per window). The window paths build each ``WindowResult`` with ``tuple.__new__``, which
+    skips the named tuple's Python-level ``__new__``, another call per window."""
+    return None if type(agg).result is Aggregator.result else agg.result
 _START = itemgetter(0)  # a session's start
 
 
@@ -145,14 +152,10 @@ class _CountLogic(_StatefulLogic):
         closed = np.flatnonzero(filled >= size)
         closed = closed[np.argsort(order[ends[closed] - 1], kind="stable")]  # input order
         c_own, c_seq = owner[closed].tolist(), (seq_prev[owner[closed]] + t[closed]).tolist()
-        new = tuple.__new__  # a WindowResult without its Python-level __new__ (see _fire)
-        if type(agg).result is Aggregator.result:  # the result is the accumulator
-            out = [new(WindowResult, (pkeys[o], s, s + 1, accs[k]))
-                   for o, s, k in zip(c_own, c_seq, closed.tolist())]
-        else:
-            result = agg.result
-            out = [new(WindowResult, (pkeys[o], s, s + 1, result(accs[k])))
-                   for o, s, k in zip(c_own, c_seq, closed.tolist())]
+        result, new = _result_fn(agg), tuple.__new__  # (new: see _result_fn)
+        out = [new(WindowResult, (pkeys[o], s, s + 1,
+                                  accs[k] if result is None else result(accs[k])))
+               for o, s, k in zip(c_own, c_seq, closed.tolist())]
         last = seg0 + nseg - 1
         ended = (filled[last] >= size).tolist()
         n_last, seq_last = filled[last].tolist(), (seq_prev + nseg - 1).tolist()
@@ -303,15 +306,10 @@ class _TimeLogic(_StatefulLogic):
         if not due:
             return Output([], None)
         accs = self.state.pop_many([("__w", key, window) for key, window in due])
-        agg, new = self.spec.aggregator, tuple.__new__  # (new: a WindowResult without
-        # its Python-level __new__, which costs a call per window)
-        if type(agg).result is Aggregator.result:  # the result is the accumulator
-            out = [new(WindowResult, (key, window[0], window[1], acc))
-                   for (key, window), acc in zip(due, accs) if acc is not None]
-        else:
-            result = agg.result
-            out = [new(WindowResult, (key, window[0], window[1], result(acc)))
-                   for (key, window), acc in zip(due, accs) if acc is not None]
+        result, new = _result_fn(self.spec.aggregator), tuple.__new__  # (see _result_fn)
+        out = [new(WindowResult, (key, window[0], window[1],
+                                  acc if result is None else result(acc)))
+               for (key, window), acc in zip(due, accs) if acc is not None]
         if self._open is not None:
             open_ = self._open
             for key, window in due:
