@@ -410,7 +410,7 @@ def test_closed_sessions_leave_no_state_even_in_rocksdb(tmp_path, n):
     logic.close()
 
 
-@pytest.mark.parametrize("queue", ["WindowQueue", "WindowEnds"])
+@pytest.mark.parametrize("queue", ["WindowQueue"])
 def test_the_window_queues_fire_in_time_then_key_order_and_keep_what_a_caller_left(queue):
     import random
 
@@ -442,22 +442,43 @@ def test_the_window_queues_fire_in_time_then_key_order_and_keep_what_a_caller_le
     assert len(q) == 0 and q.peek() == float("inf")
 
 
-def test_window_ends_orders_distinct_and_equal_key_texts_as_the_tuples_do():
+def test_window_keys_fire_windows_by_end_and_keys_by_text_then_arrival():
     import random
 
-    from rayflow.operators.queues import WindowEnds
+    from rayflow.operators.queues import WindowKeys
 
     rng = random.Random(5)
-    keys = list(range(2000))
-    rng.shuffle(keys)  # keys that arrive in no order, each text once: sorted by text
-    q = WindowEnds()
-    for k in keys:
-        q.push(10.0, k, (0.0, 10.0))
-    assert [k for _, k, _ in q.pop_until(10.0)] == sorted(keys, key=str)
-    # equal texts (1 and "1"): then by window, then in push order, as the tuples sort
-    q.push(5.0, "1", (1.0, 5.0))
-    q.push(5.0, 2, (0.0, 5.0))
-    q.push(5.0, 1, (1.0, 5.0))
-    q.push(5.0, 1, (0.0, 5.0))
-    assert list(q.pop_until(5.0)) == [(5.0, 1, (0.0, 5.0)), (5.0, "1", (1.0, 5.0)),
-                                      (5.0, 1, (1.0, 5.0)), (5.0, 2, (0.0, 5.0))]
+    # windows as the tumbling windower makes them, keys in no order; some keys share a text
+    # (7 and "7"), and a key may open a window more than once (the queue keeps each)
+    adds = [(rng.choice([rng.randrange(300), str(rng.randrange(300))]),
+             (float(s), float(s) + 10.0)) for s in (rng.randrange(0, 50, 5) for _ in range(3000))]
+    q = WindowKeys()
+    for key, window in adds[:2000]:
+        q.add(key, window)
+    by_window: dict = {}
+    for key, window in adds[2000:]:
+        by_window.setdefault(window, []).append(key)
+    for window, keys in by_window.items():
+        q.add_many(window, keys)
+    assert len(q) == 3000 and q.peek() == 10.0
+    # the order a heap of (end, start, key text, arrival) entries pops them in
+    arrival = adds[:2000] + [(k, w) for w, ks in by_window.items() for k in ks]
+    order = sorted((w[1], w[0], str(k), i, k) for i, (k, w) in enumerate(arrival))
+    expected: list = []
+    for end, start, _, _, key in order:
+        if not expected or expected[-1][0] != (start, end):
+            expected.append(((start, end), []))
+        expected[-1][1].append(key)
+    got = q.drain(32.0)
+    assert got == [e for e in expected if e[0][1] <= 32.0]
+    assert any(str(a) == str(b) and a != b for _, ks in got for a, b in zip(ks, ks[1:]))
+    q.add("late", (10.0, 20.0))  # opened again after its window fired: fires next
+    rest = q.drain(float("inf"))
+    assert rest[0] == ((10.0, 20.0), ["late"])
+    assert rest[1:] == [e for e in expected if e[0][1] > 32.0]
+    assert len(q) == 0 and q.peek() == float("inf")
+    # equal texts stay in the order they opened the window
+    for key in ("1", 1, 2):
+        q.add(key, (0.0, 5.0))
+    q.add_many((0.0, 5.0), ["1", 0])
+    assert q.drain(5.0) == [((0.0, 5.0), [0, "1", 1, "1", 2])]

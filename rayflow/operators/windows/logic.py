@@ -3,7 +3,6 @@ with their state in the step's backend. Pure: no Ray."""
 
 from __future__ import annotations
 
-import itertools
 import math
 import time
 from collections.abc import Callable
@@ -16,7 +15,7 @@ import numpy as np
 from rayflow.core.operators import Logic, OperatorSpec, Output, StepContext, describe_exception
 from rayflow.core.records import key_codes, rows, stable_order
 from rayflow.operators.keyed import _GLOBAL, _is_ttl, _StatefulLogic, check_ttl
-from rayflow.operators.queues import WindowEnds, WindowQueue
+from rayflow.operators.queues import WindowKeys, WindowQueue
 from rayflow.operators.windows.aggregators import Aggregator, Reduce
 from rayflow.operators.windows.clocks import EventTime, ProcessingTime, _times, not_finite
 from rayflow.operators.windows.windowers import (
@@ -180,8 +179,9 @@ class _CountLogic(_StatefulLogic):
 
 class _TimeLogic(_StatefulLogic):
     """Tumbling and sliding windows. State: ``("__w", key, (start, end)) -> acc`` plus the
-    watermark. Open windows also sit in a queue ordered by their end (:class:`WindowEnds`),
-    so a batch costs what it adds and what fires, not a walk over every open window."""
+    watermark. Open windows also sit in a queue ordered by their end, with the keys that
+    have each open (:class:`WindowKeys`), so a batch costs what it adds and what fires, not
+    a walk over every open window."""
 
     WM = "__watermark__"
 
@@ -194,12 +194,12 @@ class _TimeLogic(_StatefulLogic):
         super().__init__(spec, ctx, resume_state)
         self.event_time = isinstance(spec.clock, EventTime)
         self.watermark = self.state.get(self.WM, -math.inf)
-        self.fired = WindowEnds()
+        self.fired = WindowKeys()
         # with ttl_s: each key's open windows, so an expired key's windows can be deleted
         self._open: dict | None = {} if self.ttl_s is not None else None
         for k, _ in self.state.items():
             if isinstance(k, tuple) and len(k) == 3 and k[0] == "__w":
-                self.fired.push(k[2][1], k[1], k[2])
+                self.fired.add(k[1], k[2])
                 if self._open is not None:
                     self._open.setdefault(k[1], set()).add(k[2])
 
@@ -289,12 +289,13 @@ class _TimeLogic(_StatefulLogic):
         """Queue the windows ``[(key, window)]`` a batch opened, in order."""
         if not opened:
             return
-        end = opened[0][1][1]
-        if all(window[1] == end for _, window in opened):  # the usual batch: one end
-            self.fired.push_many(end, opened)
+        window = opened[0][1]
+        if all(w == window for _, w in opened):  # the usual batch: one window
+            self.fired.add_many(window, [key for key, _ in opened])
         else:
-            for end, run in itertools.groupby(opened, key=lambda e: e[1][1]):
-                self.fired.push_many(end, list(run))
+            add = self.fired.add
+            for key, w in opened:
+                add(key, w)
         if self._open is not None:
             for key, window in opened:
                 self._open.setdefault(key, set()).add(window)
@@ -305,19 +306,21 @@ class _TimeLogic(_StatefulLogic):
         due = self.fired.drain(watermark)
         if not due:
             return Output([], None)
-        accs = self.state.pop_many([("__w", key, window) for key, window in due])
         result, new = _result_fn(self.spec.aggregator), tuple.__new__  # (see _result_fn)
-        out = [new(WindowResult, (key, window[0], window[1],
-                                  acc if result is None else result(acc)))
-               for (key, window), acc in zip(due, accs) if acc is not None]
-        if self._open is not None:
-            open_ = self._open
-            for key, window in due:
-                windows = open_.get(key)
-                if windows is not None:
-                    windows.discard(window)
-                    if not windows:
-                        del open_[key]
+        out: list = []
+        for window, keys in due:
+            accs = self.state.pop_many([("__w", key, window) for key in keys])
+            start, end = window
+            out += [new(WindowResult, (key, start, end, acc if result is None else result(acc)))
+                    for key, acc in zip(keys, accs) if acc is not None]
+            if self._open is not None:
+                open_ = self._open
+                for key in keys:
+                    windows = open_.get(key)
+                    if windows is not None:
+                        windows.discard(window)
+                        if not windows:
+                            del open_[key]
         return Output(out, result_times(out))
 
 
