@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 
 import pytest
@@ -421,3 +422,39 @@ def test_the_process_profile_reaches_the_jobs_runtime_env_locally_and_on_a_clust
         got = seen["runtime_env"]
         assert got["working_dir"] == "." and got["env_vars"]["MALLOC_ARENA_MAX"] == "8"
         assert "PYTHONPATH" in got["env_vars"]  # local workers share the driver's path
+
+
+_INLINE_PROBE = """
+import json, os, sys
+import numpy as np
+import ray
+from rayflow._raycontext import ensure_ray
+
+@ray.remote
+def half_a_megabyte():
+    return np.zeros(500_000, np.uint8)
+
+seen = []
+for inline in (None, "0"):  # the default, then Ray's own threshold (100 KiB)
+    if inline is not None:
+        os.environ["RAYFLOW_RAY__INLINE_BYTES"] = inline
+    ensure_ray(None, num_cpus=1, include_dashboard=False)
+    ref = half_a_megabyte.remote()
+    assert ray.get(ref).nbytes == 500_000
+    seen.append(ray.experimental.get_object_locations([ref])[ref]["node_ids"])
+    ray.shutdown()
+print("NODES", json.dumps(seen))
+"""
+
+
+def test_the_local_ray_passes_calls_up_to_inline_bytes_inside_the_call(tmp_path):
+    """A half-megabyte result stays out of the object store (no node holds it) at the
+    default ``ray.inline_bytes`` (1 MiB); with 0 (Ray's 100 KiB) it goes through it."""
+    env = {k: v for k, v in os.environ.items()
+           if k != "RAY_ADDRESS" and not k.startswith("RAYFLOW_RAY__")}
+    proc = subprocess.run([sys.executable, "-c", _INLINE_PROBE], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    inline, stored = json.loads(proc.stdout.split("NODES", 1)[1])
+    assert inline == [] and len(stored) == 1
+    assert load_config().ray.inline_bytes == 1 << 20

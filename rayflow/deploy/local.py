@@ -32,6 +32,7 @@ from typing import Any
 import yaml
 
 from rayflow._procs import end_processes, free_ports, live, port_open
+from rayflow.config import load_config
 from rayflow.errors import RayflowError
 
 STATE_DIR = Path(os.environ.get("RAYFLOW_STATE_DIR", Path.home() / ".rayflow"))
@@ -117,6 +118,9 @@ def start_head(num_cpus: int = 2, *, dashboard: bool = True,
         f"--metrics-export-port={ports['metrics']}",
         "--min-worker-port=0", "--max-worker-port=0",  # workers: any free port
     ]
+    inline = load_config().ray.inline_bytes  # as the embedded Ray (see its description)
+    if inline:
+        cmd.append("--system-config=" + json.dumps({"max_direct_call_object_size": inline}))
     if dashboard:
         cmd += ["--include-dashboard=true", "--dashboard-host=127.0.0.1",
                 f"--dashboard-port={ports['dashboard']}"]

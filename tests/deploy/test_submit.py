@@ -100,7 +100,12 @@ def test_rayflow_submit_runs_identity_job(head, kafka_broker):
 def test_failed_job_returns_its_exit_status_and_sees_a_small_working_dir(head):
     probe = ("import os, sys; print('LS=' + ','.join(sorted(os.listdir('.')))); "
              "print('RES=' + str(os.path.exists('benchmarks/results'))); "
-             "print('AUTH=' + os.environ.get('RAY_AUTH_MODE', '')); sys.exit(3)")
+             "print('AUTH=' + os.environ.get('RAY_AUTH_MODE', '')); "
+             # the head's ray.inline_bytes: a half-megabyte result stays out of the store
+             "import ray, numpy as np; ray.init(); "
+             "ref = ray.remote(lambda: np.zeros(500_000, np.uint8)).remote(); ray.get(ref); "
+             "print('STORED=' + str(ray.experimental.get_object_locations([ref])[ref]"
+             "['node_ids'])); sys.exit(3)")
     res = CliRunner().invoke(main, ["submit", "--address", head.dashboard_url, "--working-dir",
                                     str(ROOT), "--json", "--", "python", "-c", probe])
     assert res.exit_code == 3
@@ -110,6 +115,7 @@ def test_failed_job_returns_its_exit_status_and_sees_a_small_working_dir(head):
     assert "jobs" in listing and "rayflow" in listing
     assert ".git" not in listing and ".venv" not in listing and "data" not in listing
     assert "RES=False" in doc["logs"] and "AUTH=token" in doc["logs"]
+    assert "STORED=[]" in doc["logs"], doc["logs"][-3000:]
 
 
 def test_submit_to_nowhere_is_one_line_error():

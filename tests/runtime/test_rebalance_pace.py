@@ -154,7 +154,10 @@ def test_a_rebalance_deals_parts_at_the_receivers_pace_in_order(receivers):
     em.drain()
     third = [b[2:] for b in _batches(recv)]
     sizes = _by_offset(third)
-    assert sum(sizes) == 1664 and max(sizes) <= 256 and len(sizes) >= 10
+    # (the rest is one and a half of its own part: of a probe's, 384, when the channel whose
+    # turn it is next probes, as it depends on which calls finished first)
+    assert sum(sizes) == 1664 and max(sizes[:-1]) <= 256 and sizes[-1] <= 384
+    assert len(sizes) >= 10
     last = max((m for b in third for m in b), key=lambda m: m[0])
     for b in third:  # each channel's parts follow its pace, the batch's rest aside
         assert [len(m) for m in b if m is not last] == \
