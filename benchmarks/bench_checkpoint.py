@@ -8,20 +8,18 @@ broker and a private local Ray. An aligned barrier travels behind the batches al
 flight, so its checkpoint takes about as long as the work queued in the channels. Compared in
 interleaved rounds on the same topic:
 
-- ``aligned``: channels that keep up to ``channel_calls`` batches in flight (the default, and
-  the baseline);
+- ``aligned``: the defaults (aligned barriers, ``channel_calls=2`` batches in flight per
+  channel), the baseline;
+- ``aligned, 16 calls``: up to 16 batches in flight per channel (the default before
+  ``channel_calls`` became 2): a barrier waits behind more queued work at every hop;
 - ``debloated``: aligned, with debloated channels and source batches
-  (``channel_target_s=0.25``): less queued, smaller batches;
+  (``channel_target_s=0.1``): smaller batches, so less work behind each barrier;
 - ``unaligned``: ``checkpoint.unaligned``: the barrier overtakes the queued batches, which
   the checkpoint stores instead;
-- ``unaligned, 2 calls``: unaligned, with at most 2 batches in flight per channel
-  (``channel_calls=2``, against 16 by default): less is stored and a barrier waits less
-  for the call in progress at each hop;
-- ``unaligned, 2 calls, 2 sinks``: the same with two sink instances, each chained to a
-  format instance: one sink instance is the slowest step at this load (it encodes, stores
-  and commits every output record), and a barrier reaches it last;
-- ``aligned, 2 sinks``: the defaults (aligned, 16 calls) with two sink instances, each
-  chained to a format instance: every step at parallelism 2;
+- ``unaligned, 2 sinks``: the same with two sink instances, each chained to a format
+  instance: one sink instance is the slowest step at this load (it encodes, stores and
+  commits every output record), and a barrier reaches it last;
+- ``aligned, 2 sinks``: the defaults with two sink instances (every step at parallelism 2);
 - ``kafka-python``: aligned, the source and the sink on ``client="kafka-python"`` (the
   pure-Python client, rayflow's default before confluent-kafka): the sink commits each
   completed checkpoint's records in one transaction, and this client's producer is slower
@@ -56,19 +54,17 @@ from rayflow.examples.wordcount import build_flow, sentences  # noqa: E402
 
 INTERVAL_S = 0.5
 VARIANTS = {  # name -> (stream options, checkpoint options, Kafka client, sink instances)
-    "aligned": ({"channel_target_s": 0.0}, {}, None, 1),
-    "debloated": ({"channel_target_s": 0.25}, {}, None, 1),
-    "unaligned": ({"channel_target_s": 0.0}, {"unaligned": True}, None, 1),
-    "unaligned, 2 calls": ({"channel_target_s": 0.0, "channel_calls": 2}, {"unaligned": True},
-                           None, 1),
-    "unaligned, 2 calls, 2 sinks": ({"channel_target_s": 0.0, "channel_calls": 2},
-                                    {"unaligned": True}, None, 2),
-    "aligned, 2 sinks": ({"channel_target_s": 0.0}, {}, None, 2),
-    "kafka-python": ({"channel_target_s": 0.0}, {}, "kafka-python", 1),
+    "aligned": ({}, {}, None, 1),
+    "aligned, 16 calls": ({"channel_calls": 16}, {}, None, 1),
+    "debloated": ({"channel_target_s": 0.1}, {}, None, 1),
+    "unaligned": ({}, {"unaligned": True}, None, 1),
+    "unaligned, 2 sinks": ({}, {"unaligned": True}, None, 2),
+    "aligned, 2 sinks": ({}, {}, None, 2),
+    "kafka-python": ({}, {}, "kafka-python", 1),
 }
 
 
-def run_once(bs: str, topic: str, n: int, variant: str, batch_size: int) -> dict:
+def run_once(bs: str, topic: str, n: int, variant: str, batch_size: int | None) -> dict:
     out = f"chk-out-{time.time_ns()}"
     create_topic(bs, out, 2)
     stream, chk, client, sinks = VARIANTS[variant]
@@ -76,7 +72,7 @@ def run_once(bs: str, topic: str, n: int, variant: str, batch_size: int) -> dict
                       sink_parallelism=sinks)
     job = rf.run(flow, checkpoint={"processing_guarantee": "exactly_once",
                                    "interval_s": INTERVAL_S, **chk},
-                 stream={**stream, "batch_size": batch_size})
+                 stream={**stream, **({"batch_size": batch_size} if batch_size else {})})
     m = job.metrics()
     # to the sink's last commit: exactly-once output counts once it is visible
     span = m["sink"]["delivered_time"] - (m["sink"]["first_in_time"] or 0)
@@ -100,8 +96,10 @@ def run_once(bs: str, topic: str, n: int, variant: str, batch_size: int) -> dict
 @click.option("--quick", is_flag=True, help="40k sentences, one round (a smoke run)")
 @click.option("--rounds", default=2, show_default=True, help="interleaved rounds")
 @click.option("--sentences", "n", default=500_000, show_default=True, help="input sentences")
-@click.option("--batch-size", default=4096, show_default=True, help="records per source batch")
-def main(quick: bool, rounds: int, n: int, batch_size: int) -> None:
+@click.option("--batch-size", type=int, default=None,
+              help="records per source batch (default: the job default, stream.batch_size)")
+def main(quick: bool, rounds: int, n: int, batch_size: int | None) -> None:
+    from rayflow.config import StreamOptions
     from rayflow.connectors.broker import EmbeddedBroker
 
     n = 40_000 if quick else n
@@ -135,7 +133,8 @@ def main(quick: bool, rounds: int, n: int, batch_size: int) -> None:
                 ["checkpoints", "median s", "p90 s", "median / interval", "batches stored",
                  "delivered sentences/s", "vs aligned"], rows)
     write_result("checkpoint_quick" if quick else "checkpoint",
-                 {"sentences": n, "interval_s": INTERVAL_S, "batch_size": batch_size,
+                 {"sentences": n, "interval_s": INTERVAL_S,
+                  "batch_size": batch_size or StreamOptions().batch_size,
                   "rounds": rounds, "runs": runs, **summary,
                   "median_ratio": {v: ratio(s["median_s"], base["median_s"])
                                    for v, s in summary.items()},
