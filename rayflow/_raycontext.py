@@ -73,13 +73,12 @@ def ensure_ray(address: str | None = None, num_cpus: int | None = None, **kwargs
         if os.environ.get("PYTHONPATH"):
             paths.append(os.environ["PYTHONPATH"])
         env_vars.setdefault("PYTHONPATH", os.pathsep.join(paths))
+        # the configured settings (ray.inline_bytes) under the caller's
+        system_config = {**load_config().ray.system_config(),
+                         **(kwargs.pop("_system_config", None) or {})}
         # free dead objects every 100 ms instead of every second: with large batches in
         # flight the store otherwise holds several windows' worth of garbage
-        system_config = dict(kwargs.pop("_system_config", None) or {})
         system_config.setdefault("free_objects_period_milliseconds", 100)
-        inline = load_config().ray.inline_bytes  # (see its description)
-        if inline:
-            system_config.setdefault("max_direct_call_object_size", inline)
         if set(runtime_env) - {"env_vars"}:  # a working_dir, pip...: Ray's runtime env
             runtime_env["env_vars"] = env_vars
             ray.init(address="local", num_cpus=num_cpus, runtime_env=runtime_env,

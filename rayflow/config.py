@@ -119,6 +119,11 @@ class RayOptions(BaseModel):
                              f"process_profiles: {sorted(self.process_profiles)}")
         return self
 
+    def system_config(self) -> dict[str, int]:
+        """The Ray system settings of a Ray that rayflow starts (the local instance, local
+        heads): ``inline_bytes`` as Ray's ``max_direct_call_object_size``."""
+        return {"max_direct_call_object_size": self.inline_bytes} if self.inline_bytes else {}
+
     def process_env(self, profile: str | None = None) -> dict[str, str]:
         """The environment variables of ``profile`` (default: the job's ``process_profile``).
 

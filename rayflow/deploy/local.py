@@ -118,9 +118,9 @@ def start_head(num_cpus: int = 2, *, dashboard: bool = True,
         f"--metrics-export-port={ports['metrics']}",
         "--min-worker-port=0", "--max-worker-port=0",  # workers: any free port
     ]
-    inline = load_config().ray.inline_bytes  # as the embedded Ray (see its description)
-    if inline:
-        cmd.append("--system-config=" + json.dumps({"max_direct_call_object_size": inline}))
+    system_config = load_config().ray.system_config()  # as the local Ray rayflow starts
+    if system_config:
+        cmd.append("--system-config=" + json.dumps(system_config))
     if dashboard:
         cmd += ["--include-dashboard=true", "--dashboard-host=127.0.0.1",
                 f"--dashboard-port={ports['dashboard']}"]

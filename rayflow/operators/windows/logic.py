@@ -35,6 +35,8 @@ def _result_fn(agg: Aggregator) -> Callable[[Any], Any] | None:
     per window). The window paths build each ``WindowResult`` with ``tuple.__new__``, which
     skips the named tuple's Python-level ``__new__``, another call per window."""
     return None if type(agg).result is Aggregator.result else agg.result
+
+
 _START = itemgetter(0)  # a session's start
 
 
