@@ -73,6 +73,14 @@ class CheckpointStore:
     def _url(self, *parts: str) -> str:
         return "/".join([self.root.rstrip("/"), *parts])
 
+    def _replace(self, path: str, data: bytes) -> None:
+        """Write ``data`` to ``path`` by rename: a reader sees the old file or the whole
+        new one, never a part of it (an empty lease made a resume fail to read it)."""
+        tmp = f"{path.rsplit('/', 1)[0]}/.{path.rsplit('/', 1)[-1]}.{uuid.uuid4().hex[:6]}"
+        with self.fs.open_output_stream(tmp) as f:
+            f.write(data)
+        self.fs.move(tmp, path)
+
     def write(self, chk: CompletedCheckpoint, meta: dict) -> str:
         """Write ``chk`` durably; return its path. The manifest goes last and by rename."""
         name = f"chk-{chk.checkpoint_id:08d}"
@@ -92,10 +100,7 @@ class CheckpointStore:
             "tasks": sorted([list(t) for t in chk.handles]),
             "written": time.time(),
         }
-        tmp = f"{d}/.{MANIFEST}.{uuid.uuid4().hex[:6]}"
-        with self.fs.open_output_stream(tmp) as f:
-            f.write(json.dumps(manifest, indent=1, default=repr).encode())
-        self.fs.move(tmp, f"{d}/{MANIFEST}")
+        self._replace(f"{d}/{MANIFEST}", json.dumps(manifest, indent=1, default=repr).encode())
         chk.path = self._url(name)
         chk.meta = manifest
         self._prune(keep=name)
@@ -130,11 +135,7 @@ class CheckpointStore:
     def write_position(self, task: tuple[str, int], pos: Any) -> None:
         d = self._join("positions")
         self.fs.create_dir(d, recursive=True)
-        final = f"{d}/{task[0]}-{task[1]}.pkl"
-        tmp = f"{final}.{uuid.uuid4().hex[:6]}"
-        with self.fs.open_output_stream(tmp) as f:
-            f.write(pickle.dumps(pos))
-        self.fs.move(tmp, final)
+        self._replace(f"{d}/{task[0]}-{task[1]}.pkl", pickle.dumps(pos))
 
     def positions(self) -> dict[tuple[str, int], Any]:
         from pyarrow import fs
@@ -151,8 +152,8 @@ class CheckpointStore:
     # -- the lease of a live run -------------------------------------------------------
     def renew_lease(self) -> None:
         """Called every second by a live run's coordinator: a resume waits until it stops."""
-        with self.fs.open_output_stream(self._join(LEASE)) as f:
-            f.write(json.dumps({"t": time.time(), "n": time.monotonic_ns()}).encode())
+        self._replace(self._join(LEASE),
+                      json.dumps({"t": time.time(), "n": time.monotonic_ns()}).encode())
 
     def remove(self) -> None:
         """Delete the run's checkpoints (after a job that finished)."""

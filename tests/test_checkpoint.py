@@ -178,3 +178,29 @@ def test_the_store_reads_its_newest_checkpoint_only_when_it_is_newer(tmp_path):
     assert store.latest().checkpoint_id == 4
     assert store.latest(newer_than=3).handles == {("src", 0): {0: 4}}
     assert store.latest(newer_than=4) is None and store.latest(newer_than=9) is None
+
+
+def test_a_lease_read_while_it_is_renewed_is_always_whole(tmp_path):
+    """A resume reads the lease a live run renews every second: it sees the old lease or the
+    new one, never a file cut short (an empty read failed a resume with a JSON error)."""
+    import json
+    import threading
+
+    from rayflow.checkpoint_store import CheckpointStore, _read_lease
+
+    store = CheckpointStore(str(tmp_path / "run"))
+    store.renew_lease()
+    stop = threading.Event()
+
+    def renew():
+        while not stop.is_set():
+            store.renew_lease()
+
+    t = threading.Thread(target=renew)
+    t.start()
+    try:
+        reads = [_read_lease(store.fs, store.path) for _ in range(3000)]
+    finally:
+        stop.set()
+        t.join()
+    assert all(isinstance(json.loads(r)["t"], float) for r in reads)
