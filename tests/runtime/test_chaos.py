@@ -136,7 +136,9 @@ def _trial(bs, chaos_input, guarantee, sink_par, seed, kills, targets, sink_wrap
     if tmp_path is not None:
         chk["state_dir"] = str(tmp_path)
     job = rf.run(_flow(bs, chaos_input, out, f"chaos-{seed}", sink_par, sink_wrap),
-                 background=True, checkpoint=chk, stream={"batch_size": 40})
+                 background=True, checkpoint=chk,
+                 # unaligned: channels deep enough that checkpoints hold batches in flight
+                 stream={"batch_size": 40, **({"channel_calls": 16} if unaligned else {})})
     killer = None
     if kills:
         wait_for(lambda: any(c["status"] == "completed" for c in job.checkpoints()), 60)
@@ -193,7 +195,7 @@ def test_unaligned_kill_restores_the_batches_in_flight(ray_session, kafka_broker
     job = rf.run(_flow(bs, chaos_input, out, "chaos-unaligned", 2), background=True,
                  checkpoint={"interval_s": 0.3, "processing_guarantee": "exactly_once",
                              "unaligned": True},
-                 stream={"batch_size": 40})
+                 stream={"batch_size": 40, "channel_calls": 16})  # (as _trial's unaligned)
     wait_for(lambda: any(c["status"] == "completed" and c["inflight_batches"] > 0
                          for c in job.checkpoints()), 60)
     ray.kill(job.hosts[("count", 1)], no_restart=True)

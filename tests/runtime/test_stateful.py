@@ -158,7 +158,9 @@ def test_resume_from_an_unaligned_checkpoint_at_other_parallelism(ray_session, k
     chk = {"processing_guarantee": "exactly_once", "interval_s": 0.3, "unaligned": True}
     for _ in range(4):  # until the checkpoint it is cancelled at holds batches for both
         create_topic(bs, t_out, 1)
-        job = rf.run(flow(2, 2), background=True, checkpoint=chk, stream={"batch_size": 20})
+        # channels deep enough that the checkpoint holds batches in flight
+        job = rf.run(flow(2, 2), background=True, checkpoint=chk,
+                     stream={"batch_size": 20, "channel_calls": 16})
         wait_for(lambda j=job: j.metrics()["count"]["records_in"] > 300)
         wait_for(lambda j=job: j.last_checkpoint() is not None and
                  {"decode", "count"} <= held(j.last_checkpoint()) or j.state != "RUNNING")
