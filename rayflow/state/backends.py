@@ -19,6 +19,10 @@ V = TypeVar("V")
 class KeyValueState(Generic[K, V]):
     """State of one step instance: keys to values."""
 
+    #: whether one :meth:`get_many` of a batch's keys costs clearly less than a :meth:`get`
+    #: each (RocksDB's multi-get), so that operators read a batch's keys up front
+    batch_reads = False
+
     def get(self, key: K, default: V | None = None) -> V | None:
         raise NotImplementedError
 
@@ -167,8 +171,11 @@ class _MemoryState(_DictState):
     checkpoint pickles only the keys put or deleted since the previous one, on top of it.
     A full snapshot starts a new chain when the chain is ``max_depth`` deep or its deltas
     outgrow the last full snapshot, so restoring never reads more than about twice the state.
-    Values must be put back after a change (as with every backend): an object changed in
-    place without a put is not in the next delta."""
+    Once the keys changed since the last checkpoint outnumber half of the state's keys, they
+    are no longer tracked and the next snapshot is a full one: a delta would be no smaller,
+    and tracking them cost a step up to a fifth of its time where every record changes a
+    key of its own (windows over many keys). Values must be put back after a change (as
+    with every backend): an object changed in place without a put is not in the next delta."""
 
     max_depth = 16
 
@@ -176,35 +183,43 @@ class _MemoryState(_DictState):
         super().__init__(_load(restore) if restore is not None else None)
         self._base = restore
         self._full_size = len(restore) if isinstance(restore, bytes) else 0
-        self._dirty: set = set()
+        self._dirty: set | None = set()  # None: more changed than a delta is worth
+
+    def _changed(self, keys) -> None:
+        dirty = self._dirty
+        if dirty is not None:
+            dirty.update(keys)
+            if 2 * len(dirty) > len(self.data):
+                self._dirty = None
 
     def put(self, key, value):
         self.data[key] = value
-        self._dirty.add(key)
+        self._changed((key,))
 
     def put_many(self, pairs):
         self.data.update(pairs)
-        self._dirty.update(pairs if isinstance(pairs, dict) else (k for k, _ in pairs))
+        if self._dirty is not None:
+            self._changed(pairs if isinstance(pairs, dict) else [k for k, _ in pairs])
 
     def delete(self, key):
         self.data.pop(key, None)
-        self._dirty.add(key)
+        self._changed((key,))
 
     def pop(self, key):
-        self._dirty.add(key)
+        self._changed((key,))
         return self.data.pop(key, None)
 
     def pop_many(self, keys):
-        self._dirty.update(keys)
+        self._changed(keys)
         return super().pop_many(keys)
 
     def snapshot(self, checkpoint_id):
-        base = self._base
+        base, dirty = self._base, self._dirty
         depth = base.depth if isinstance(base, _Delta) else 0
         size = base.size if isinstance(base, _Delta) else 0
-        if base is not None and depth < self.max_depth:
+        if base is not None and dirty is not None and depth < self.max_depth:
             data = self.data
-            changes = pickle.dumps({k: data.get(k, _DELETED) for k in self._dirty},
+            changes = pickle.dumps({k: data.get(k, _DELETED) for k in dirty},
                                    protocol=pickle.HIGHEST_PROTOCOL)
             if size + len(changes) <= max(self._full_size, 1 << 16):
                 handle: bytes | _Delta = _Delta(base, changes, depth + 1, size + len(changes))
@@ -268,15 +283,40 @@ class FsBackend(StateBackend):
 
 # -- RocksDB ---------------------------------------------------------------------------------
 
+def _rocks_options(bloom_bits: int):
+    """RocksDB tuned for point reads, as its ``OptimizeForPointLookup`` (iterators stay
+    ordered: the data blocks keep their binary index beside the hash one): bloom filters in
+    the tables and over the memtable's keys, a 64 MiB block cache. Operator state is read
+    key by key, and a window opening for a key reads one that is not there yet."""
+    from rocksdict import BlockBasedOptions, Cache, DataBlockIndexType, Options
+
+    options, table = Options(), BlockBasedOptions()
+    table.set_block_cache(Cache(64 << 20))
+    table.set_data_block_index_type(DataBlockIndexType.binary_and_hash())
+    if bloom_bits:
+        table.set_bloom_filter(bloom_bits, False)
+        options.set_memtable_prefix_bloom_ratio(0.02)
+        options.set_memtable_whole_key_filtering(True)
+    options.set_block_based_table_factory(table)
+    return options
+
+
 class _RocksState(KeyValueState):
-    def __init__(self, directory: Path, restore: str | None):
-        from rocksdict import Rdict
+    batch_reads = True
+
+    def __init__(self, directory: Path, restore: str | None, bloom_bits: int = 10):
+        from rocksdict import Rdict, WriteOptions
 
         self.directory = directory
         self.path = directory / f"db-{uuid.uuid4().hex[:8]}"
         if restore:
             shutil.copytree(restore, self.path)
-        self.db = Rdict(str(self.path))
+        self.db = Rdict(str(self.path), _rocks_options(bloom_bits))
+        # no write-ahead log, as Flink's RocksDB backend: a snapshot (a RocksDB checkpoint,
+        # which flushes the memtable first) is what a restore reads, never this database
+        writes = WriteOptions()
+        writes.disable_wal = True
+        self.db.set_write_options(writes)
 
     # RocksDB keys are bytes: keys of any picklable type are stored pickled
     def get(self, key, default=None):
@@ -337,14 +377,22 @@ class _RocksState(KeyValueState):
 @dataclass(frozen=True)
 class RocksDBBackend(StateBackend):
     """State in RocksDB under ``directory`` (local disk); snapshots are RocksDB checkpoints.
-    Needs the ``rocksdb`` extra (rocksdict)."""
+    Needs the ``rocksdb`` extra (rocksdict).
+
+    ``bloom_bits``: bits per key of the tables' bloom filters (Flink's
+    ``state.backend.rocksdb.use-bloom-filter`` and ``bloom-filter.bits-per-key``), 0 for
+    none. A window opening for a key reads a key that is not there yet; with the filter such
+    a read skips the tables on disk (measured on the 2-core VM, 1 M keys: 1.1 against 2.7
+    microseconds a read)."""
 
     directory: str | None = None
+    bloom_bits: int = 10
     name = "rocksdb"
 
     def open(self, step_id, instance, job_name, restore=None):
         root = self.directory or os.path.join(tempfile.gettempdir(), "rayflow-rocksdb")
-        return _RocksState(_instance_dir(root, job_name, step_id, instance), restore)
+        return _RocksState(_instance_dir(root, job_name, step_id, instance), restore,
+                           self.bloom_bits)
 
 
 def backend_from_name(name: str, directory: str | None = None) -> StateBackend:

@@ -5,10 +5,12 @@ import pytest
 from rayflow.state import FsBackend, MemoryBackend, RocksDBBackend, backend_from_name
 
 
-@pytest.fixture(params=["memory", "filesystem", "rocksdb"])
+@pytest.fixture(params=["memory", "filesystem", "rocksdb", "rocksdb-no-bloom"])
 def backend(request, tmp_path):
-    if request.param == "rocksdb":
+    if request.param.startswith("rocksdb"):
         pytest.importorskip("rocksdict")
+    if request.param == "rocksdb-no-bloom":
+        return RocksDBBackend(str(tmp_path / request.param), bloom_bits=0)
     return backend_from_name(request.param, str(tmp_path / request.param))
 
 
@@ -118,3 +120,25 @@ def test_memory_snapshots_write_only_what_changed():
         handles.append(s.snapshot(cid))
     assert max(getattr(h, "depth", 0) for h in handles) == s.max_depth
     assert sum(isinstance(h, bytes) for h in handles) >= 2
+
+
+def test_memory_snapshot_is_full_once_most_keys_changed():
+    """Past half of the state's keys changed since the last checkpoint, the changes are not
+    tracked and the next snapshot is a full one, which restores exactly; then deltas again."""
+    s = MemoryBackend().open("step", 0, "job")
+    s.put_many({i: i for i in range(1_000)})
+    s.snapshot(1)
+    s.put_many({i: -i for i in range(400)})  # 400 of 1,000: a delta
+    delta = s.snapshot(2)
+    assert not isinstance(delta, bytes) and delta.depth == 1
+    s.pop_many(list(range(400, 750)))  # 350 gone and 100 new: 450 changed, 750 keys
+    s.put_many([(i, "n") for i in range(2_000, 2_100)])
+    full = s.snapshot(3)
+    assert isinstance(full, bytes)
+    want = {**{i: -i for i in range(400)}, **{i: i for i in range(750, 1_000)},
+            **{i: "n" for i in range(2_000, 2_100)}}
+    assert dict(MemoryBackend().open("step", 0, "job", full).items()) == want
+    s.put(5, "x")  # tracked again after the full snapshot
+    again = s.snapshot(4)
+    assert not isinstance(again, bytes) and again.depth == 1
+    assert dict(MemoryBackend().open("step", 0, "job", again).items()) == {**want, 5: "x"}

@@ -30,6 +30,31 @@ from rayflow.operators.windows.windowers import (
 _MISSING = object()
 
 
+class _KeyFailed:
+    """The key function raised on a record: why, for its dead letter."""
+
+    __slots__ = ("reason",)
+
+    def __init__(self, reason: str):
+        self.reason = reason
+
+
+def _keys(key_fn: Callable, recs: list) -> list:
+    """``key_fn`` of every record, in one pass; where it raises, a :class:`_KeyFailed` with
+    the reason in that record's place."""
+    try:
+        return list(map(key_fn, recs))
+    except Exception:  # noqa: BLE001 - user key function: again record by record
+        pass
+    keys: list = []
+    for rec in recs:
+        try:
+            keys.append(key_fn(rec))
+        except Exception as exc:  # noqa: BLE001
+            keys.append(_KeyFailed(describe_exception(exc)))
+    return keys
+
+
 def _result_fn(agg: Aggregator) -> Callable[[Any], Any] | None:
     """``agg.result``, or None when it is the accumulator itself (then not called: a call
     per window). The window paths build each ``WindowResult`` with ``tuple.__new__``, which
@@ -233,14 +258,20 @@ class _TimeLogic(_StatefulLogic):
         else:  # a time that is NaN or infinite has no window: its record is a dead letter
             windows_of = [w if ok else None for w, ok in zip(
                 spec.windower.windows_of_many(np.where(finite, times, 0.0)), finite.tolist())]
-        for rec, t, windows in zip(rows(items), t_list, windows_of):
+        recs = rows(items)
+        keys = _keys(key_fn, recs)
+        if state.batch_reads:  # one multi-get for the batch's windows not in the cache
+            wanted = list(dict.fromkeys(
+                ("__w", key, window) for key, windows in zip(keys, windows_of)
+                if windows is not None and key.__class__ is not _KeyFailed
+                for window in windows if window[1] > wm))
+            cache.update(zip(wanted, state.get_many(wanted)))
+        for rec, t, windows, key in zip(recs, t_list, windows_of, keys):
             if windows is None:
                 dead.append(self.dead(not_finite(t), rec))
                 continue
-            try:
-                key = key_fn(rec)
-            except Exception as exc:  # noqa: BLE001
-                dead.append(self.dead(describe_exception(exc), rec))
+            if key.__class__ is _KeyFailed:
+                dead.append(self.dead(key.reason, rec))
                 continue
             placed = False
             for window in windows:
@@ -250,9 +281,9 @@ class _TimeLogic(_StatefulLogic):
                 acc = get(skey, _MISSING)
                 if acc is _MISSING:
                     acc = read(skey)
-                    if acc is None:
-                        acc = create()
-                        opened.append((key, window))
+                if acc is None:  # (a read of the batch found none either)
+                    acc = create()
+                    opened.append((key, window))
                 try:
                     cache[skey] = add(acc, rec)
                 except Exception as exc:  # noqa: BLE001 - user aggregator
@@ -264,6 +295,8 @@ class _TimeLogic(_StatefulLogic):
                 late.append(rec)
                 late_t.append(t)
         self._opened(opened)
+        if state.batch_reads:  # a window read and not added to (its aggregator raised)
+            cache = {skey: acc for skey, acc in cache.items() if acc is not None}
         state.put_many(cache)  # one call: a write batch on RocksDB
         if self.ttl_s is not None:
             self.touch({skey[1]: None for skey in cache})
