@@ -101,25 +101,30 @@ class Coordinator:
 
     Args:
         tasks: every (step_id, instance) that must acknowledge.
-        interval_s: time between the end of one checkpoint and the start of the next
-            (0 disables periodic checkpoints; savepoints and the final one still happen).
+        interval_s: time from the start of one checkpoint to the start of the next, as
+            Flink's checkpoint interval: a checkpoint that takes longer is followed by the
+            next as soon as it ends, unless ``min_pause_s`` says otherwise (0 disables
+            periodic checkpoints; savepoints and the final one still happen).
         timeout_s: a checkpoint not complete after this long is aborted.
         first_id: the id of the next checkpoint (continues after a restore).
         latest: the checkpoint restored from, if any.
         sources: the tasks that inject barriers (all ``tasks`` when None).
+        min_pause_s: time from the end of one checkpoint (or an abort) to the start of
+            the next, at least (Flink's ``min-pause``).
     """
 
     def __init__(self, tasks: set[Task], interval_s: float, timeout_s: float = 60.0,
                  first_id: int = 1, latest: CompletedCheckpoint | None = None,
-                 sources: set[Task] | None = None):
+                 sources: set[Task] | None = None, min_pause_s: float = 0.0):
         self.tasks = set(tasks)
         self.sources = set(tasks if sources is None else sources)
-        self.interval_s, self.timeout_s = interval_s, timeout_s
+        self.interval_s, self.timeout_s, self.min_pause_s = interval_s, timeout_s, min_pause_s
         self.next_id = first_id
         self.pending: _Pending | None = None
         self.latest = latest
         self.finished: dict[Task, Any] = {}  # task -> its final state handle
         self.drained: set[Task] = set()  # finished tasks that flushed their open state
+        self.last_start: float | None = None  # of the last checkpoint started (or aborted)
         self.last_end: float | None = None
         self.history: list[dict] = []
 
@@ -135,15 +140,15 @@ class Coordinator:
 
     def tick(self, now: float) -> list:
         """Time passes: maybe trigger, maybe time out."""
-        if self.last_end is None:
-            self.last_end = now
+        if self.last_end is None or self.last_start is None:
+            self.last_end = self.last_start = now
         if self.pending is not None:
             if now - self.pending.started > self.timeout_s:
                 return [self._abort(now, "timeout")]
             return []
         if self.interval_s <= 0 or not self.live_sources:
             return []  # no barrier can be injected once every source has finished
-        if now - self.last_end >= self.interval_s:
+        if now - self.last_start >= self.interval_s and now - self.last_end >= self.min_pause_s:
             return self._start(now)
         return []
 
@@ -157,6 +162,7 @@ class Coordinator:
         return self._start(now, savepoint)
 
     def _start(self, now: float, savepoint: bool = False) -> list:
+        self.last_start = now
         self.pending = _Pending(self.next_id, now, savepoint, dict(self.finished),
                                 set(self.finished))
         self.next_id += 1
@@ -237,7 +243,7 @@ class Coordinator:
         self.history.append({"id": p.checkpoint_id, "duration_s": now - p.started,
                              "status": f"aborted: {reason}", "acked_s": _per_task(p.acked_s)})
         self.pending = None
-        self.last_end = now
+        self.last_end = self.last_start = now  # a full interval before the next try
         return Abort(p.checkpoint_id, reason)
 
 

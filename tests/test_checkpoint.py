@@ -20,7 +20,21 @@ def test_periodic_trigger_complete_and_ids_increase():
     assert c.ack(1, ("src", 0), "a", 3.1) == []
     assert _complete(c, 1, 3.5)[-1] == Complete(1)
     assert c.latest.checkpoint_id == 1 and c.latest.duration_s == 1.5
-    assert c.tick(5.0) == [] and c.tick(5.5) == [Trigger(2)]
+    # the interval runs from start to start (Flink's): the next starts 2 s after the first
+    assert c.tick(3.9) == [] and c.tick(4.0) == [Trigger(2)]
+    # one that takes longer than the interval is followed as soon as it ends
+    assert c.tick(6.5) == []
+    assert _complete(c, 2, 6.6)[-1] == Complete(2)
+    assert c.tick(6.6) == [Trigger(3)]
+
+
+def test_min_pause_keeps_room_between_checkpoints():
+    c = Coordinator(TASKS, interval_s=2.0, min_pause_s=1.0)
+    c.tick(0.0)
+    assert c.tick(2.0) == [Trigger(1)]
+    _complete(c, 1, 3.5)
+    assert c.tick(4.0) == [] and c.tick(4.4) == []  # interval passed, the pause has not
+    assert c.tick(4.5) == [Trigger(2)]
 
 
 def test_the_history_says_when_each_task_acknowledged():

@@ -458,3 +458,17 @@ def test_the_local_ray_passes_calls_up_to_inline_bytes_inside_the_call(tmp_path)
     inline, stored = json.loads(proc.stdout.split("NODES", 1)[1])
     assert inline == [] and len(stored) == 1
     assert load_config().ray.inline_bytes == 1 << 20
+
+
+def test_channel_target_follows_the_checkpoint_interval_of_aligned_exactly_once_jobs():
+    def target(**kw):
+        return load_config(**kw).job_stream().channel_target_s
+
+    eo = {"processing_guarantee": "exactly_once", "interval_s": 2.0}
+    assert target(checkpoint=eo) == 0.4
+    assert target(checkpoint={**eo, "unaligned": True}) == 0.0  # barriers overtake
+    assert target(checkpoint={**eo, "interval_s": 0}) == 0.0  # no periodic checkpoints
+    assert target(checkpoint={"processing_guarantee": "at_least_once"}) == 0.0
+    assert target(checkpoint=eo, stream={"channel_target_s": 0.0}) == 0.0  # set: kept
+    assert target(checkpoint=eo, stream={"channel_target_s": 0.3}) == 0.3
+    assert load_config().stream.channel_target_s is None

@@ -30,12 +30,13 @@ class CoordinatorActor:
 
     def __init__(self, interval_s: float, timeout_s: float, tick_s: float = 0.05,
                  store_root: str | None = None, meta: dict | None = None,
-                 durable_positions: bool = False):
+                 durable_positions: bool = False, min_pause_s: float = 0.0):
         from rayflow._log import worker_logging
         from rayflow.checkpoint_store import CheckpointStore
 
         worker_logging()  # its log lines reach Ray's worker logs
         self.interval_s, self.timeout_s, self.tick_s = interval_s, timeout_s, tick_s
+        self.min_pause_s = min_pause_s
         self.lock = threading.Lock()
         self.core: Coordinator | None = None
         self.sources: dict[tuple[str, int], Any] = {}
@@ -61,7 +62,8 @@ class CoordinatorActor:
             if self.core is not None:
                 self.history.extend(self.core.history)
             self.core = Coordinator(set(hosts), self.interval_s, self.timeout_s, first_id,
-                                    latest, sources=set(sources))
+                                    latest, sources=set(sources),
+                                    min_pause_s=self.min_pause_s)
             self.hosts = dict(hosts)
             self.sources = {k: hosts[k] for k in sources}
             self.restore_point = {"latest": latest, "next_id": first_id}

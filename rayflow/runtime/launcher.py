@@ -61,7 +61,8 @@ class Launcher:
         return CoordinatorActor.options(  # type: ignore[attr-defined]  # (added by ray.remote)
             scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=True),
         ).remote(chk.interval_s, chk.timeout_s, store_root=self.store_root, meta=self._meta(),
-                 durable_positions=chk.processing_guarantee == "at_most_once")
+                 durable_positions=chk.processing_guarantee == "at_most_once",
+                 min_pause_s=chk.min_pause_s)
 
     def _spawn(self, latest: Any, first_id: int, positions: dict, fresh_state: bool = False,
                recovering: bool = False, only: frozenset | None = None) -> None:
@@ -77,7 +78,7 @@ class Launcher:
         from rayflow.runtime.inflight import replay, state_of
         from rayflow.state import backend_from_name
 
-        opts, chk = self.config.stream, self.config.checkpoint
+        opts, chk = self.config.job_stream(), self.config.checkpoint
         backend = backend_from_name(chk.state_backend, chk.state_dir)
         steps = {s.step_id: s for s in self.flow.steps}
         checkpointed = latest.handles if latest is not None else {}

@@ -315,7 +315,7 @@ class _RocksState(KeyValueState):
         # no write-ahead log, as Flink's RocksDB backend: a snapshot (a RocksDB checkpoint,
         # which flushes the memtable first) is what a restore reads, never this database
         writes = WriteOptions()
-        writes.disable_wal = True
+        writes.disable_wal = True  # type: ignore[method-assign,assignment]  # (a property; the stub says a method)
         self.db.set_write_options(writes)
 
     # RocksDB keys are bytes: keys of any picklable type are stored pickled

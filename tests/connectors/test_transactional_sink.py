@@ -5,11 +5,17 @@ import pickle
 import threading
 import time
 
+import numpy as np
 import pytest
 from kafka import KafkaConsumer, TopicPartition
 
 import rayflow as rf
-from rayflow.connectors.kafka.transactional import EPOCH_HEADER, TransactionalState
+from rayflow.connectors.kafka.transactional import (
+    EPOCH_HEADER,
+    TransactionalState,
+    pack_epoch,
+    unpack_epoch,
+)
 from rayflow.core.operators import StepContext
 
 
@@ -61,8 +67,8 @@ def test_an_epoch_is_pickled_once_and_its_size_is_what_the_checkpoint_added(
         first = w.snapshot(1)
         assert isinstance(first, TransactionalState)
         blob = first.pending[1]["parts"]
-        assert isinstance(blob, bytes) and first.checkpoint_bytes == len(blob)
-        assert pickle.loads(blob) == [(_batch(1, 100), None)]
+        assert isinstance(blob, np.ndarray) and first.checkpoint_bytes == len(blob)
+        assert unpack_epoch(blob) == [(_batch(1, 100), None)]
         w.write(_batch(2, 50), None, 0.0)
         second = w.snapshot(2)  # epoch 1 not committed yet: carried, the same bytes
         assert second.pending[1]["parts"] is blob
@@ -154,6 +160,16 @@ def test_a_checkpoint_of_the_earlier_format_still_restores(kafka_broker, new_top
         restored.close()
 
 
+def test_an_epoch_packs_and_unpacks_to_the_records_it_held():
+    """Bytes values and keys go as one joined blob each; str values, None keys and empty
+    batches come back as they were; a blob of the earlier format (the lists pickled)
+    unpacks too."""
+    parts = [(_batch(1, 5), [b"k%d" % i for i in range(5)]), ([], None),
+             (["text", "more"], [None, b"k"]), ([b"", b"x" * 70_000], None)]
+    assert unpack_epoch(pack_epoch(parts)) == parts
+    assert unpack_epoch(pickle.dumps(parts)) == parts
+
+
 def test_max_uncommitted_bytes_must_be_positive():
     with pytest.raises(ValueError, match="max_uncommitted_bytes must be > 0"):
         rf.KafkaSink("t", max_uncommitted_bytes=0)
@@ -200,7 +216,7 @@ def test_a_full_producer_queue_resumes_at_the_record_it_refused(kafka_broker, ne
     topic = new_topic(1)
     p = _ConfluentProducer(kafka_broker.bootstrap, {"queue.buffering.max.messages": 7})
     values = [b"%04d" % i for i in range(200)]
-    p.send_many(topic, values, None, [[("h", v)] for v in values])
+    p.send_many(topic, values, None, ("h", values))
     p.send_many(topic, values[:50], [b"k"] * 50)
     p.close()
     c = KafkaConsumer(bootstrap_servers=kafka_broker.bootstrap, enable_auto_commit=False,

@@ -272,8 +272,10 @@ def test_coordinator_lost_after_the_sources_finished(ray_session, kafka_broker):
          .map("fmt", lambda i: str(i).encode(), parallelism=2)
          .sink("out", rf.KafkaSink(out, bootstrap=bs)))
     # channels deep enough that the source ends ~2 s ahead of the slow step (at the default
-    # 2 batches in flight per channel it stays a few batches ahead)
-    job = rf.run(flow, background=True, stream={"batch_size": 10, "channel_calls": 16},
+    # 2 batches in flight per channel it stays a few batches ahead, and an exactly-once job
+    # keeps a fifth of its interval of work in flight unless channel_target_s is 0)
+    job = rf.run(flow, background=True,
+                 stream={"batch_size": 10, "channel_calls": 16, "channel_target_s": 0},
                  checkpoint={"interval_s": 0.2, "processing_guarantee": "exactly_once"})
     wait_for(lambda: job.metrics().get("src", {}).get("records_out") == n, 60, every_s=0.02)
     assert job.metrics()["out"]["records_in"] < n / 2  # the sink is still far behind

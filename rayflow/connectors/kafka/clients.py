@@ -344,11 +344,14 @@ class _KPProducer:
     def commit(self):
         self.producer.commit_transaction()
 
-    def send_many(self, topic, values, keys, headers=None):
+    def send_many(self, topic, values, keys, header=None):
+        """Send ``values`` (with ``keys``, or none), each with one header when ``header`` is
+        ``(name, tags)``: record i carries ``name: tags[i]``."""
         send = self.producer.send
-        if headers is not None:
+        if header is not None:
+            name, tags = header
             for i, v in enumerate(values):
-                send(topic, v, key=keys[i] if keys else None, headers=headers[i])
+                send(topic, v, key=keys[i] if keys else None, headers=[(name, tags[i])])
         elif keys is None:
             for v in values:
                 send(topic, v)
@@ -383,19 +386,23 @@ class _ConfluentProducer:
     def commit(self):
         self.producer.commit_transaction(30)
 
-    def send_many(self, topic, values, keys, headers=None):
+    def send_many(self, topic, values, keys, header=None):
+        """As the kafka-python producer's. A header goes as a dict made in the loop: half
+        the cost of a list of pairs made beforehand (on the 2-core VM, 1.6 against 2.5-3.1
+        microseconds a record; 0.5 without a header)."""
         produce, poll = self.producer.produce, self.producer.poll
         n, start = len(values), 0
         keys = keys or [None] * n
         i = 0
         while start < n:
             try:  # one tight loop per kind; a full queue resumes it at the record it refused
-                if headers is None:
+                if header is None:
                     for i in range(start, n):
                         produce(topic, values[i], keys[i])
                 else:
+                    name, tags = header
                     for i in range(start, n):
-                        produce(topic, values[i], keys[i], headers=headers[i])
+                        produce(topic, values[i], keys[i], headers={name: tags[i]})
                 start = n
             except BufferError:  # local queue full: let delivery reports drain
                 start = i

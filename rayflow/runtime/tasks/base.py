@@ -87,7 +87,7 @@ class StepTask:
                 inputs: list[tuple[str, int]], local: dict[tuple[str, int], StepTask]):
         self.emitter = Emitter((self.ctx.step_id, self.ctx.instance), edges, handles,
                                self.opts.channel_bytes, self.opts.channel_calls, local,
-                               self.opts.channel_target_s, self.opts.batch_target_s,
+                               self.opts.channel_target_s or 0.0, self.opts.batch_target_s,
                                self.unaligned)
         self._inputs = list(inputs)
         self._align = BarrierAligner(self._inputs)

@@ -44,7 +44,7 @@ class SourceTask(StepTask):
         """
         reader, emitter, c = self.reader, self.emitter, self.counters
         linger_s = self.opts.linger_ms / 1000.0
-        sizer = BatchSizer(self.opts.batch_size, self.opts.channel_target_s, time.monotonic())
+        sizer = BatchSizer(self.opts.batch_size, self.opts.channel_target_s or 0.0, time.monotonic())
         batch_size = _paced(sizer.limit, emitter)
         at_most_once = self.ctx.guarantee == "at_most_once" and self.coordinator is not None
         parts: list = []
