@@ -208,8 +208,8 @@ class StreamOptions(BaseModel):
         "throughput; 0 (off) keeps channel_calls and batch_size always; null: a fifth of "
         "checkpoint.interval_s in an exactly-once job with aligned checkpoints (its output "
         "waits for each checkpoint, which must cross every step behind the queued work; the "
-        "checkpoint benchmark's word count at a 0.5 s interval, 2-core VM: 0.35-0.48 s "
-        "checkpoints against 0.83-0.84 s, at 0.9x the sentences/s), else 0")
+        "checkpoint benchmark's word count at a 0.5 s interval, 2-core VM: 0.47 s median "
+        "checkpoints against 0.65 s with 0, at 0.89x the sentences/s), else 0")
     batch_target_s: float = Field(
         0.1, ge=0, description="seconds of work one part of a batch brings a slow step "
         "behind a rebalance, as the calls it completed show: a batch that would cost an "
