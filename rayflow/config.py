@@ -356,9 +356,11 @@ class RayflowConfig(BaseSettings):
     checkpoint: CheckpointOptions = Field(default_factory=CheckpointOptions)
     hpc: HpcOptions = Field(default_factory=HpcOptions)
 
-    def job_stream(self) -> StreamOptions:
+    def job_stream(self, channels: bool = True) -> StreamOptions:
         """The stream options a job runs with: ``channel_target_s`` null resolved (a fifth
         of the checkpoint interval for exactly-once jobs with aligned checkpoints, else 0).
+        ``channels``: whether the job sends batches between actors at all; where every step
+        is chained to its source, a barrier waits behind no queue, and it stays 0.
 
             >>> load_config(checkpoint={"processing_guarantee": "exactly_once",
             ...             "interval_s": 0.5}).job_stream().channel_target_s
@@ -370,7 +372,7 @@ class RayflowConfig(BaseSettings):
             return self.stream
         chk = self.checkpoint
         aligned = chk.processing_guarantee == "exactly_once" and not chk.unaligned
-        target = chk.interval_s / 5 if aligned and chk.interval_s > 0 else 0.0
+        target = chk.interval_s / 5 if channels and aligned and chk.interval_s > 0 else 0.0
         return self.stream.model_copy(update={"channel_target_s": target})
 
     @classmethod

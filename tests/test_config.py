@@ -471,4 +471,6 @@ def test_channel_target_follows_the_checkpoint_interval_of_aligned_exactly_once_
     assert target(checkpoint={"processing_guarantee": "at_least_once"}) == 0.0
     assert target(checkpoint=eo, stream={"channel_target_s": 0.0}) == 0.0  # set: kept
     assert target(checkpoint=eo, stream={"channel_target_s": 0.3}) == 0.3
+    # every step chained to its source: no channel, nothing to debloat
+    assert load_config(checkpoint=eo).job_stream(channels=False).channel_target_s == 0.0
     assert load_config().stream.channel_target_s is None

@@ -78,7 +78,10 @@ class Launcher:
         from rayflow.runtime.inflight import replay, state_of
         from rayflow.state import backend_from_name
 
-        opts, chk = self.config.job_stream(), self.config.checkpoint
+        # channels: some step runs in an actor of its own, fed by others (not all chained)
+        channels = any(self.chains[s.step_id] == s.step_id and s.kind != "source"
+                       for s in self.flow.steps)
+        opts, chk = self.config.job_stream(channels), self.config.checkpoint
         backend = backend_from_name(chk.state_backend, chk.state_dir)
         steps = {s.step_id: s for s in self.flow.steps}
         checkpointed = latest.handles if latest is not None else {}
