@@ -13,7 +13,7 @@ from rayflow.errors import RayflowError
 from .base import _Ctx, _generic, _machine_line, _Plotter, _table
 from .hpc import _collectives, _mpi_api, _w5, _w6
 from .scaling import _scaling
-from .streams import _w1, _w2, _w3, _w4, _w7
+from .streams import _w1, _w2, _w3, _w4, _w7, other_checks
 
 
 def _autoscale(doc: dict, ctx: _Ctx) -> list[str]:
@@ -134,6 +134,7 @@ def _other_sections(ctx: _Ctx) -> list[str]:
             continue
         lines += [f"Source: `{ctx.link(path)}`. " + _machine_line(doc), ""]
         lines += _generic(doc, ctx)
+        other_checks(path.stem, doc, ctx)
     return lines
 
 

@@ -486,3 +486,27 @@ def _plot_w7(ctx: _Ctx, rows: list[dict], flink: dict) -> Path | None:
         ax.set(ylabel="events/s per core", yscale="log", title="W7 Nexmark per core")
 
     return ctx.plots.draw("w7_nexmark", 1, fill)
+
+
+def other_checks(name: str, doc: dict, ctx: _Ctx) -> None:
+    """Targets of the results that have no section of their own: keyed state at scale
+    (``keys``) and checkpoint duration (``checkpoint``)."""
+    if name == "keys" and not doc.get("quick"):
+        rows = [r for r in doc.get("rows", []) if r.get("series") == "same density"]
+        for backend in dict.fromkeys(r["backend"] for r in rows):
+            mine = sorted((r for r in rows if r["backend"] == backend), key=lambda r: r["keys"])
+            if len(mine) < 2 or mine[0]["keys"] > 1000 or mine[-1]["keys"] < 1_000_000:
+                continue
+            lo, hi = mine[0], mine[-1]
+            ratio = hi["records_s"] / lo["records_s"]
+            ctx.check("Keyed state", f"tumbling windows, {backend}: records/s at 1 M keys "
+                      f"within 2× of 1 k keys (same density)",
+                      f"{ratio:.3f}× ({_n(lo['records_s'])} → {_n(hi['records_s'])} rec/s)",
+                      ratio >= 0.5)
+    if name == "checkpoint" and isinstance(doc.get("aligned"), dict):
+        med, p90 = doc["aligned"].get("median_s"), doc["aligned"].get("p90_s")
+        interval = doc.get("interval_s")
+        if med is not None and interval:
+            ctx.check("Checkpoints", f"exactly-once word count at full load, defaults: median "
+                      f"checkpoint under the {interval} s interval",
+                      f"median {med:.2f} s, p90 {p90:.2f} s", med < interval)
