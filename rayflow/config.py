@@ -209,7 +209,8 @@ class StreamOptions(BaseModel):
         "checkpoint.interval_s in an exactly-once job with aligned checkpoints (its output "
         "waits for each checkpoint, which must cross every step behind the queued work; the "
         "checkpoint benchmark's word count at a 0.5 s interval, 2-core VM: 0.47 s median "
-        "checkpoints against 0.65 s with 0, at 0.89x the sentences/s), else 0")
+        "checkpoints against 0.65 s with 0, at 0.89x the sentences/s), else 0 (and 0 where "
+        "every step is chained to its source: no channel to wait in)")
     batch_target_s: float = Field(
         0.1, ge=0, description="seconds of work one part of a batch brings a slow step "
         "behind a rebalance, as the calls it completed show: a batch that would cost an "
