@@ -140,8 +140,10 @@ class Coordinator:
 
     def tick(self, now: float) -> list:
         """Time passes: maybe trigger, maybe time out."""
-        if self.last_end is None or self.last_start is None:
-            self.last_end = self.last_start = now
+        if self.last_start is None:
+            self.last_start = now
+        if self.last_end is None:
+            self.last_end = now
         if self.pending is not None:
             if now - self.pending.started > self.timeout_s:
                 return [self._abort(now, "timeout")]
