@@ -119,9 +119,7 @@ class RankActor(MailboxHost):
         """Run ``fn(comm, *blocks, *fn_args, **fn_kwargs)``; return status then the outputs."""
         if isinstance(self._transport, DirectTransport):
             self._rf_mailbox().forget_other_stages(stage)
-            transport = self._transport.for_stage(stage)
-        else:
-            transport = self._transport
+        transport = self._transport.for_stage(stage)
         comm = Communicator(transport, context=("world",), native=self._native, attempt=attempt,
                             check_roots=self._check_roots)
         t0 = time.perf_counter()

@@ -1,5 +1,5 @@
 """Three unmodified mpi4py programs (compute pi, a ring, a matvec with Allgather) run by
-``run_mpi`` on a shared gang and by ``rayflow mpirun`` in a subprocess; outputs against numpy."""
+``run_mpi`` on a shared gang (each backend) and by ``rayflow mpirun`` in a subprocess; outputs against numpy."""
 
 from __future__ import annotations
 
@@ -28,11 +28,13 @@ def matvec_reference(n_local: int, size: int) -> np.ndarray:
     return a @ x
 
 
-@pytest.fixture(scope="module")
-def gang(ray_session):
+@pytest.fixture(scope="module", params=["ray", "gloo"])
+def gang(ray_session, request):
     from rayflow.hpc import Gang
 
-    g = Gang(3, backend="ray", rank_num_cpus=0.5, gang_timeout_s=60).start()
+    if request.param == "gloo":
+        pytest.importorskip("torch")
+    g = Gang(3, backend=request.param, rank_num_cpus=0.5, gang_timeout_s=60).start()
     yield g
     g.shutdown()
 

@@ -133,7 +133,10 @@ def test_arrays_keep_dtype_shape_and_layout():
     ts, _ = _group(2)
     objs = [np.arange(12, dtype=np.int32).reshape(3, 4), np.asfortranarray(np.ones((300, 200))),
             np.arange(10.0)[::2], np.array(3.5), np.zeros((0, 3)), np.arange(70_000, dtype=np.uint8),
-            {"nested": [np.arange(4_000.0)], "s": "x"}, None, 7, 2.5]
+            {"nested": [np.arange(4_000.0)], "s": "x"}, None, 7, 2.5,
+            # small arrays alone travel as dtype, shape and bytes
+            np.array([1 + 2j], dtype=np.complex64), np.array(["2026-12-05"], dtype="M8[D]"),
+            np.array([True, False]), np.array(["ab"]), (1, 2, 3, 4, 5)]
 
     def fn(comm):
         if comm.rank == 0:
@@ -145,7 +148,7 @@ def test_arrays_keep_dtype_shape_and_layout():
     _, got = _run(ts, fn)
     for o, g in zip(objs, got):
         if isinstance(o, np.ndarray):
-            assert g.dtype == o.dtype and g.shape == o.shape
+            assert g.dtype == o.dtype and g.shape == o.shape and g.flags.writeable
             np.testing.assert_array_equal(g, o)
         elif isinstance(o, dict):
             np.testing.assert_array_equal(g["nested"][0], o["nested"][0])

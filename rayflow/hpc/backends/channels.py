@@ -38,7 +38,7 @@ import numpy as np
 from rayflow.hpc.backends import links as _links
 from rayflow.hpc.backends import shm
 from rayflow.hpc.backends.links import _Flusher, _SegmentPool, _ShmLink, _TcpLink
-from rayflow.hpc.backends.wire import _decode_record, _encode
+from rayflow.hpc.backends.wire import _decode_record, _encode, _message
 
 #: Spin this long on an empty channel before sleeping in ``poll``. Measured on a 2-core VM
 #: (2 ranks, scalar allreduce): 50 us of spinning gave ~130 us per allreduce, since the wake-up
@@ -459,7 +459,8 @@ class DirectTransport:
             except zmq.Again:
                 return _MISSING
             sender = int.from_bytes(frames[0].bytes, "little")
-            stage, k, obj = pickle.loads(frames[1].buffer, buffers=[f.buffer for f in frames[2:]])
+            stage, k, obj = _message(pickle.loads(frames[1].buffer,
+                                                  buffers=[f.buffer for f in frames[2:]]))
             if sender == src and k == key and stage == self.stage:
                 return obj
             self._box.put(stage, sender, k, obj)

