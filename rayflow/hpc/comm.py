@@ -325,11 +325,11 @@ class Communicator:
         Raises:
             ValueError: with ``check_roots``, on every rank when the ranks pass
                 different roots (each rank's root is named); at once on a rank whose
-                root is out of range. A world
-                group with native collectives (gloo) broadcasts with its backend, which
-                does not check the roots.
+                root is out of range. Unchecked, a world group with native collectives
+                (gloo) broadcasts with its backend; checked, over point-to-point messages
+                as the Ray-native backend does.
         """
-        if self._native is not None:
+        if self._native is not None and not self.check_roots:
             self._check_rank(root, "root")
             return self._native.bcast(obj, root)
         return self._bcast(obj, root, "bcast")

@@ -460,7 +460,9 @@ def _rooted_on_a_gang(comm, block, name, roots):
 
 @pytest.mark.parametrize("name, roots", [("bcast", [0, 0, 1, 1]), ("scatter", [3, 2, 1, 0]),
                                          ("gather", [0, 0, 0, 2]), ("reduce", [1, 0, 1, 1])])
-def test_a_ray_gang_with_different_roots_raises_on_every_rank(checked_gang4, name, roots):
+def test_a_gang_with_different_roots_raises_on_every_rank(checked_gang4, name, roots):
+    """On both backends: gloo's own broadcast does not check, so a checked gloo world
+    broadcasts over point-to-point messages."""
     from rayflow.hpc import BlockDataset, mpimap
 
     outs = mpimap(_rooted_on_a_gang, BlockDataset.from_numpy(np.zeros(4), 4),
@@ -469,12 +471,14 @@ def test_a_ray_gang_with_different_roots_raises_on_every_rank(checked_gang4, nam
     assert outs == [("ValueError", want)] * 4
 
 
-@pytest.fixture(scope="module")
-def checked_gang4(ray_session):
+@pytest.fixture(scope="module", params=["ray", "gloo"])
+def checked_gang4(ray_session, request):
     from rayflow.config import HpcOptions
     from rayflow.hpc import Gang
 
-    g = Gang(4, rank_num_cpus=0.5, gang_timeout_s=60,
+    if request.param == "gloo":
+        pytest.importorskip("torch")
+    g = Gang(4, backend=request.param, rank_num_cpus=0.5, gang_timeout_s=60,
              options=HpcOptions(check_collectives=True)).start()
     yield g
     g.shutdown()
