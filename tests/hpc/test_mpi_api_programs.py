@@ -72,6 +72,21 @@ def test_matvec_with_allgather(gang, tmp_path):
     np.testing.assert_allclose(np.load(out), matvec_reference(5, 3), rtol=1e-12)
 
 
+@pytest.mark.parametrize("size", [1, 5])
+def test_the_programs_on_one_and_five_ranks(gang, size, tmp_path):
+    """The programs again on a world of one rank and of five (a new gang of the module
+    gang's backend): every rank count from 1 to 5 runs them on both backends."""
+    from rayflow.hpc import Gang
+
+    with Gang(size, backend=gang.backend, rank_num_cpus=0.25, gang_timeout_s=60) as g:
+        pi = _run(g, "cpi.py", "1000")
+        assert float(pi[0].split()[-1]) == pytest.approx(cpi_reference(1000), rel=1e-14)
+        assert f"[0] token {100 + sum(range(size))}" in _run(g, "ring.py")
+        out = tmp_path / "y.npy"
+        assert _run(g, "matvec.py", "3", str(out)) == ["[0] saved"]
+        np.testing.assert_allclose(np.load(out), matvec_reference(3, size), rtol=1e-12)
+
+
 def _mpirun(n, *argv, check=True):
     env = dict(os.environ, RAYFLOW_RAY__INCLUDE_DASHBOARD="false")
     cmd = [sys.executable, "-m", "rayflow", "mpirun", "-n", str(n), "--rank-cpus", "0.25",
