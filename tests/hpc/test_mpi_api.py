@@ -584,3 +584,39 @@ def test_the_module_imports_no_ray():
                          timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["False", "1"]
+
+
+def _over_2_gib():
+    """A buffer message and a pickled object over 2 GiB (2**31 + 24 bytes each), whose
+    bytes are checked at a stride and at both ends on the receiving rank."""
+    c = MPI.COMM_WORLD
+    n = 2**31 + 24
+    if c.rank == 0:
+        a = np.zeros(n, dtype=np.uint8)
+        a[::65_536] = 7
+        a[-24:] = np.arange(24, dtype=np.uint8)
+        c.Send(a, dest=1, tag=1)
+        del a
+        c.send(b"\x05" * n, dest=1, tag=2)
+        return None
+    b = np.empty(n, dtype=np.uint8)
+    st = MPI.Status()
+    c.Recv(b, source=0, tag=1, status=st)
+    buffer_ok = (st.Get_count(MPI.BYTE) == n and bool((b[:-24:65_536] == 7).all())
+                 and int(b[1:65_536].sum()) == 0 and b[-24:].tolist() == list(range(24)))
+    del b
+    obj = c.recv(source=0, tag=2)
+    return buffer_ok, len(obj), obj[:1], obj[-1:], obj.count(b"\x05") == n
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["ray", "gloo"])
+def test_messages_over_2_gib(ray_session, backend):
+    """No 2 GiB limit on a message (mpi4py counts in C ints): about 9 GiB of memory."""
+    from rayflow.hpc import run_mpi
+
+    if backend == "gloo":
+        pytest.importorskip("torch")
+    res = run_mpi(_over_2_gib, 2, backend=backend, rank_num_cpus=0.5, gang_timeout_s=60,
+                  echo=False)
+    assert res.ranks[1].value == (True, 2**31 + 24, b"\x05", b"\x05", True)
