@@ -184,6 +184,34 @@ def test_a_rebalance_deals_parts_at_the_receivers_pace_in_order(receivers):
         assert all(isinstance(m, list) for m in log[:-2])
 
 
+def test_a_batch_worth_spreading_over_the_instances_goes_in_parts(receivers):
+    """A batch goes whole only when it costs no more than ENGAGE targets over the instances:
+    with two receivers at 0.125 s a target, 1000 records (0.98 s, under ENGAGE targets but
+    over half of them) go in parts to both; 600 (0.59 s) go whole to one. (The last batch
+    of a bounded stream at 1 ms a record used to go whole: half a second of work for one
+    instance while the other idled.)"""
+    import ray
+
+    recv = receivers(2, lambda rows: rows / 1024)
+    em = _emitter("rebalance", recv, target_s=0.125)
+    for lo in (0, 1024):  # warm-up, then the pace (each channel: 512 + 512)
+        em.emit(Batch(list(range(lo, lo + 1024)), None, 0.0))
+        em.drain()
+    em.emit(Batch(list(range(2048, 3048)), None, 0.0))
+    em.drain()
+    spread = [[m for m in log[2:] if isinstance(m, list)]
+              for log in ray.get([r.got.remote() for r in recv])]
+    counts = [sum(len(m) for m in b) for b in spread]
+    assert sum(counts) == 1000 and min(counts) >= 1000 // 2 - 2 * 128
+    # parts of 128, a probe twice that, the rest at most one and a half of a probe
+    assert sum(len(b) for b in spread) >= 4 and max(len(m) for b in spread for m in b) <= 384
+    em.emit(Batch(list(range(3048, 3648)), None, 0.0))
+    em.drain()
+    last = [[m for m in log if isinstance(m, list) and m[0] >= 3048]
+            for log in ray.get([r.got.remote() for r in recv])]
+    assert sorted(len(b) for b in last) == [0, 1] and [len(m) for b in last for m in b] == [600]
+
+
 def test_a_receiver_with_a_fixed_cost_a_call_gets_whole_batches(receivers):
     recv = receivers(2, lambda rows: 0.2)  # 0.2 s a call, whatever its size
     em = _emitter("rebalance", recv)
