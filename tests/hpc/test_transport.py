@@ -257,16 +257,42 @@ def test_segments_are_reused_and_what_was_received_stays_private():
 
 
 def test_ranks_spin_only_when_their_node_has_a_core_each():
+    """With a core each a rank spins; with more ranks than cores it yields its core."""
     cores = len(__import__("os").sched_getaffinity(0))
     crowded = [node_info("a") for _ in range(cores + 1)]
     mixed = [node_info("a")] + [node_info(f"other-{k}") for k in range(cores + 1)]
-    for infos, spin in ((crowded, 0.0), (mixed, channels.SPIN_S)):
+    for infos, spin, yields in ((crowded, 0.0, channels.YIELD_S),
+                                (mixed, channels.SPIN_S, 0.0)):
         mode = "auto" if infos is crowded else "tcp"
         if mode == "tcp":
             pytest.importorskip("zmq")
         ep = Endpoint(0, infos, mode=mode)
-        assert ep.spin_s == spin
+        assert (ep.spin_s, ep.yield_s) == (spin, yields)
         ep._close_inbound()
+
+
+def test_a_crowded_rank_yields_its_core_then_sleeps(monkeypatch):
+    """A receive on a node with more ranks than cores calls sched_yield for YIELD_S, then
+    sleeps on its doorbell; the message that comes meanwhile is received."""
+    import os
+    import threading
+
+    ts, _ = _group(2)
+    ch = ts[1]._ch
+    ch.spin_s, ch.yield_s = 0.0, 0.05
+    yields = []
+    real_yield = os.sched_yield
+    monkeypatch.setattr(os, "sched_yield", lambda: yields.append(1) or real_yield())
+    sleeps = []
+    real_sleep = ts[1]._sleep
+    monkeypatch.setattr(ts[1], "_sleep", lambda *a: sleeps.append(1) or real_sleep(*a))
+    later = threading.Timer(0.2, lambda: ts[0].send(1, ("k",), "late"))
+    later.start()
+    assert ts[1].recv(0, ("k",)) == "late"
+    later.join()
+    assert yields and sleeps  # yielded first, then slept until the message came
+    for t in ts:
+        t.close()
 
 
 def test_a_large_bcast_is_written_once_and_its_segment_is_free_once_all_have_read(monkeypatch):
