@@ -1,11 +1,12 @@
 """Collectives and point-to-point latency: rayflow's direct channels against mpi4py (MPICH).
 
-    python benchmarks/bench_collectives.py [--quick]
+    python benchmarks/bench_collectives.py [--quick] [--rounds 3]
 
 2 and 4 ranks on this machine: allreduce of 1 float, 1 KiB, 1 MiB and 64 MiB (not with
 ``--quick``), bcast of 1 KiB, allgather of 1 float, barrier, and a ping-pong of 8 B and
 1 MiB between ranks 0 and 1. Each rank times every repetition itself; the figure is rank
-0's median in microseconds. rayflow all-reduces arrays into a buffer it keeps
+0's median in microseconds, then the median over ``--rounds`` rounds in which rayflow and
+``mpiexec`` alternate (with the min-max of each). rayflow all-reduces arrays into a buffer it keeps
 (``comm.allreduce(x, out=buf)``), as MPI's buffer ``Allreduce`` does. mpi4py runs the
 same loop under ``mpiexec`` with its pickle API (``allreduce``) and its buffer API
 (``Allreduce``) when it is installed (the ``peers`` extra). Three more tables: which path a
@@ -350,8 +351,10 @@ def run_mpi(ranks: int, cases: list) -> dict | None:
 
 @click.command()
 @click.option("--quick", is_flag=True, help="fewer repetitions, no 64 MiB allreduce")
+@click.option("--rounds", default=3, show_default=True,
+              help="alternating rounds (rayflow, then mpiexec, per rank count); medians")
 @click.option("--mpi-worker", "worker", default=None, hidden=True)
-def main(quick: bool, worker: str | None) -> None:
+def main(quick: bool, rounds: int, worker: str | None) -> None:
     if worker is not None:
         _mpi_worker([tuple(c) for c in json.loads(worker)])
         return
@@ -362,22 +365,43 @@ def main(quick: bool, worker: str | None) -> None:
     ensure_ray(None, num_cpus=4, include_dashboard=False)
     rows, paths, extra = [], {}, {}
     for ranks in (2, 4):
-        ours = run_rayflow(ranks, cases)
-        mpi = run_mpi(ranks, cases) or {"pickle": {}, "buffer": {}}
-        paths = ours.pop("paths", paths)
-        extra[f"stage_on_started_gang_ms_{ranks}"] = ours.pop("stage_on_started_gang_ms")
+        # rayflow and mpiexec alternate, so that both see the machine's load alike
+        runs: list[tuple[dict, dict]] = []
+        for _ in range(rounds):
+            ours = run_rayflow(ranks, cases)
+            mpi = run_mpi(ranks, cases) or {"pickle": {}, "buffer": {}}
+            paths = ours.pop("paths", paths)
+            runs.append((ours, mpi))
+        extra[f"stage_on_started_gang_ms_{ranks}"] = median(
+            o.pop("stage_on_started_gang_ms") for o, _ in runs)
+
+        def mid(values: list) -> float | None:
+            got = [v for v in values if v is not None]
+            return median(got) if got else None
+
         for op, nbytes, _ in cases:
             k = f"{op} {nbytes}"
-            p, b = mpi["pickle"].get(k), mpi["buffer"].get(k)
-            rows.append({"ranks": ranks, "op": op, "bytes": nbytes, "rayflow_us": ours[k],
+            ours_k = [o[k] for o, _ in runs]
+            buf = [m["buffer"].get(k) for _, m in runs]
+            o, p, b = median(ours_k), mid([m["pickle"].get(k) for _, m in runs]), mid(buf)
+            rows.append({"ranks": ranks, "op": op, "bytes": nbytes, "rayflow_us": o,
                          "mpi4py_pickle_us": p, "mpi4py_buffer_us": b,
-                         "vs_pickle": ratio(ours[k], p), "vs_buffer": ratio(ours[k], b)})
+                         "vs_pickle": ratio(o, p), "vs_buffer": ratio(o, b),
+                         "rayflow_us_range": [min(ours_k), max(ours_k)],
+                         "mpi4py_buffer_us_range": [min(v for v in buf if v is not None),
+                                                    max(v for v in buf if v is not None)]
+                         if any(v is not None for v in buf) else None})
     starts = gang_start_s()
     cost = message_cost()
     big_cost = allreduce_cost()
-    print_table("median microseconds per operation (rank 0)",
+    print_table(f"median microseconds per operation (rank 0), median of {rounds} rounds",
                 ["ranks", "op", "bytes", "rayflow", "mpi4py pickle", "mpi4py buffer",
-                 "x pickle", "x buffer"], [list(r.values()) for r in rows])
+                 "x pickle", "x buffer", "rayflow min-max", "buffer min-max"],
+                [[r["ranks"], r["op"], r["bytes"], r["rayflow_us"], r["mpi4py_pickle_us"],
+                  r["mpi4py_buffer_us"], r["vs_pickle"], r["vs_buffer"],
+                  "-".join(f"{v:.0f}" for v in r["rayflow_us_range"]),
+                  "-".join(f"{v:.0f}" for v in r["mpi4py_buffer_us_range"] or [])]
+                 for r in rows])
     print_table("large messages on one node, 2 ranks: ping-pong round trip (us)",
                 ["path and bytes", "us"], [[k, v] for k, v in paths.items()])
     print_table("a small message's cost, one process (us)", ["part", "us"],
@@ -386,7 +410,7 @@ def main(quick: bool, worker: str | None) -> None:
                 [[k, v] for k, v in big_cost.items()])
     print(f"\nstage on a started gang: {extra}; stage without gang=: cold "
           f"{starts['cold']:.2f} s, warm {starts['warm'] * 1e3:.1f} ms")
-    path = write_result("collectives", {"quick": quick, "rows": rows, "large_message_paths_us": paths,
+    path = write_result("collectives", {"quick": quick, "rounds": rounds, "rows": rows, "large_message_paths_us": paths,
                                         "small_message_cost_us": cost,
                                         "allreduce_1MiB_cost_us": big_cost,
                                         "stage_start_s": starts,

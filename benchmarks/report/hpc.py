@@ -322,9 +322,11 @@ def _collectives(doc: dict, ctx: _Ctx) -> list[str]:
              "against mpi4py on MPICH under `mpiexec`, the same loop on the same cores: each "
              "rank times every call, the figure is rank 0's median in µs (rayflow "
              "all-reduces arrays into a buffer it keeps, `comm.allreduce(x, out=buf)`, as "
-             "MPI's buffer `Allreduce` does). 4 ranks on a "
-             "2-core machine oversubscribe it (rayflow's ranks then sleep instead of "
-             "spinning).", ""]
+             "MPI's buffer `Allreduce` does); "
+             + (f"medians of {doc['rounds']} rounds, rayflow and `mpiexec` alternating. "
+                if doc.get("rounds") else "one run of each. ")
+             + "4 ranks on a 2-core machine oversubscribe it (rayflow's ranks then yield "
+             "their core for 2 ms, then sleep, instead of spinning).", ""]
     lines += collectives_table(rows)
     for key, title in (("allreduce_1MiB_cost_us", "Where a 1 MiB allreduce's time goes (2 ranks, "
                         "one process, no waiting; the \"before\" rows are what the old path "
