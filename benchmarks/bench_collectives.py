@@ -9,7 +9,8 @@
 ``mpiexec`` alternate (with the min-max of each). rayflow all-reduces arrays into a buffer it keeps
 (``comm.allreduce(x, out=buf)``), as MPI's buffer ``Allreduce`` does. mpi4py runs the
 same loop under ``mpiexec`` with its pickle API (``allreduce``) and its buffer API
-(``Allreduce``) when it is installed (the ``peers`` extra). Three more tables: which path a
+(``Allreduce``) when it is installed (the ``peers`` extra), and rayflow's gloo backend
+runs it too when torch is (the ``gloo`` extra). Three more tables: which path a
 large message should take on one node (ring, shared-memory segment, Ray's object store),
 where a small message's time goes, and where a 1 MiB allreduce's goes.
 Writes ``benchmarks/results/collectives.json``.
@@ -90,11 +91,11 @@ def _rayflow_api(comm) -> dict:
             "pingpong": pingpong}
 
 
-def _rayflow_rank(comm, block, cases):
+def _rayflow_rank(comm, block, cases, paths=True):
     import ray
 
     out = _time_ops(_rayflow_api(comm), comm.rank, cases)
-    if comm.size == 2:
+    if comm.size == 2 and paths:
         out["paths"] = _paths(comm, ray)
     return out
 
@@ -146,16 +147,24 @@ def _pingpong_path(comm, ray, x, path, ts) -> None:
             ts.append(time.perf_counter() - t0)
 
 
-def run_rayflow(ranks: int, cases: list) -> dict:
+def gloo_available() -> bool:
+    from rayflow.hpc.backends.gloo_backend import gloo_available as available
+
+    return available()
+
+
+def run_rayflow(ranks: int, cases: list, backend: str = "ray") -> dict:
+    """The cases on a gang of ``ranks`` of ``backend`` (the ring/segment/object-store paths
+    only on the Ray-native backend, whose transport has them)."""
     from rayflow.hpc import BlockDataset, Gang, mpimap
 
-    with Gang(ranks, rank_num_cpus=0.25, gang_timeout_s=120) as g:
+    with Gang(ranks, backend=backend, rank_num_cpus=0.25, gang_timeout_s=120) as g:
         t0 = time.perf_counter()
         mpimap(lambda comm, b: comm.allreduce(1.0), BlockDataset.from_numpy(np.zeros(ranks), ranks),
                gang=g)
         first_stage_ms = (time.perf_counter() - t0) * 1e3
         outs = mpimap(_rayflow_rank, BlockDataset.from_numpy(np.zeros(ranks), ranks),
-                      fn_args=(cases,), gang=g).blocks()
+                      fn_args=(cases, backend == "ray"), gang=g).blocks()
     res = outs[0]
     res["stage_on_started_gang_ms"] = first_stage_ms
     return res
@@ -363,12 +372,16 @@ def main(quick: bool, rounds: int, worker: str | None) -> None:
     print("machine:", machine_info())
     cases = _cases(quick)
     ensure_ray(None, num_cpus=4, include_dashboard=False)
+    gloo = gloo_available()  # the gloo backend's column: with torch (the gloo extra)
     rows, paths, extra = [], {}, {}
     for ranks in (2, 4):
         # rayflow and mpiexec alternate, so that both see the machine's load alike
         runs: list[tuple[dict, dict]] = []
+        gloo_runs: list[dict] = []
         for _ in range(rounds):
             ours = run_rayflow(ranks, cases)
+            if gloo:
+                gloo_runs.append(run_rayflow(ranks, cases, "gloo"))
             mpi = run_mpi(ranks, cases) or {"pickle": {}, "buffer": {}}
             paths = ours.pop("paths", paths)
             runs.append((ours, mpi))
@@ -384,7 +397,9 @@ def main(quick: bool, rounds: int, worker: str | None) -> None:
             ours_k = [o[k] for o, _ in runs]
             buf = [m["buffer"].get(k) for _, m in runs]
             o, p, b = median(ours_k), mid([m["pickle"].get(k) for _, m in runs]), mid(buf)
+            g = mid([r.get(k) for r in gloo_runs])
             rows.append({"ranks": ranks, "op": op, "bytes": nbytes, "rayflow_us": o,
+                         "rayflow_gloo_us": g, "gloo_vs_buffer": ratio(g, b),
                          "mpi4py_pickle_us": p, "mpi4py_buffer_us": b,
                          "vs_pickle": ratio(o, p), "vs_buffer": ratio(o, b),
                          "rayflow_us_range": [min(ours_k), max(ours_k)],
@@ -395,10 +410,10 @@ def main(quick: bool, rounds: int, worker: str | None) -> None:
     cost = message_cost()
     big_cost = allreduce_cost()
     print_table(f"median microseconds per operation (rank 0), median of {rounds} rounds",
-                ["ranks", "op", "bytes", "rayflow", "mpi4py pickle", "mpi4py buffer",
-                 "x pickle", "x buffer", "rayflow min-max", "buffer min-max"],
-                [[r["ranks"], r["op"], r["bytes"], r["rayflow_us"], r["mpi4py_pickle_us"],
-                  r["mpi4py_buffer_us"], r["vs_pickle"], r["vs_buffer"],
+                ["ranks", "op", "bytes", "rayflow", "rayflow gloo", "mpi4py pickle",
+                 "mpi4py buffer", "x pickle", "x buffer", "rayflow min-max", "buffer min-max"],
+                [[r["ranks"], r["op"], r["bytes"], r["rayflow_us"], r["rayflow_gloo_us"],
+                  r["mpi4py_pickle_us"], r["mpi4py_buffer_us"], r["vs_pickle"], r["vs_buffer"],
                   "-".join(f"{v:.0f}" for v in r["rayflow_us_range"]),
                   "-".join(f"{v:.0f}" for v in r["mpi4py_buffer_us_range"] or [])]
                  for r in rows])

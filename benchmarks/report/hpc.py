@@ -308,7 +308,16 @@ def _plot_w6(ctx: _Ctx, rows: list[dict]) -> Path | None:
 # -- collectives and mpi4py programs ----------------------------------------------------------
 
 def collectives_table(rows: list[dict]) -> list[str]:
-    """rayflow beside mpi4py's pickle and buffer APIs, µs per call, one row per case."""
+    """rayflow beside mpi4py's pickle and buffer APIs, µs per call, one row per case (and
+    rayflow's gloo backend where it ran)."""
+    if any(r.get("rayflow_gloo_us") is not None for r in rows):
+        return _table(["ranks", "op", "bytes", "rayflow µs", "rayflow gloo µs",
+                       "mpi4py pickle µs", "mpi4py buffer µs", "÷ pickle", "÷ buffer",
+                       "gloo ÷ buffer"],
+                      [[r["ranks"], r["op"], r["bytes"], r["rayflow_us"], r.get("rayflow_gloo_us"),
+                        r.get("mpi4py_pickle_us"), r.get("mpi4py_buffer_us"),
+                        _x(r.get("vs_pickle")), _x(r.get("vs_buffer")),
+                        _x(r.get("gloo_vs_buffer"))] for r in rows])
     return _table(["ranks", "op", "bytes", "rayflow µs", "mpi4py pickle µs", "mpi4py buffer µs",
                    "÷ pickle", "÷ buffer"],
                   [[r["ranks"], r["op"], r["bytes"], r["rayflow_us"], r.get("mpi4py_pickle_us"),
