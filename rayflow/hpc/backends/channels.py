@@ -12,8 +12,9 @@ each rank's :class:`Endpoint` address); after that a message never goes through 
 - **other nodes**: a ZeroMQ PUSH socket to the receiver's PULL socket, one frame per array.
 
 The receiving rank's own thread reads its channels inside ``recv`` (no delivery thread, no
-thread hand-off): it spins for ``SPIN_S`` (on a node with more ranks than cores it yields the
-core for ``YIELD_S`` instead), then sleeps in ``poll`` on its doorbell (and its TCP socket). Messages for other keys are kept in the :class:`Mailbox` until asked for, so
+thread hand-off): it spins for ``SPIN_S`` (on a node with more ranks than cores it yields
+the core for ``YIELD_S`` instead), then sleeps in ``poll`` on its doorbell (and its TCP
+socket). Messages for other keys are kept in the :class:`Mailbox` until asked for, so
 matching is by key, never by arrival order. A full ring never blocks a sender: the message
 waits in a queue that a background thread feeds to the ring as the receiver frees space
 (MPI's buffered send). ``Mailbox.abort`` wakes a rank sleeping on a dead peer with

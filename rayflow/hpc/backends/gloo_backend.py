@@ -215,7 +215,7 @@ class GlooTransport:
 
     def send(self, dest: int, key: tuple, obj: Any) -> None:
         if dest == self.rank:
-            self._local[key] = obj.copy() if isinstance(obj, np.ndarray) else obj
+            self._local[(self.stage, key)] = obj.copy() if isinstance(obj, np.ndarray) else obj
             return
         # in place: the list is shared by every stage's view of this transport, and a send
         # whose work is dropped before it completes never arrives
@@ -235,7 +235,7 @@ class GlooTransport:
 
     def recv(self, src: int, key: tuple) -> Any:
         if src == self.rank:
-            return self._local.pop(key)
+            return self._local.pop((self.stage, key))
         return _decode(*self.recv_parts(src, key))
 
     def flush(self) -> None:
