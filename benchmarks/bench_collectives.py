@@ -358,6 +358,12 @@ def run_mpi(ranks: int, cases: list) -> dict | None:
     raise RuntimeError(f"mpiexec failed ({proc.returncode}): {proc.stderr[-2000:]}")
 
 
+def _mid(values: list) -> float | None:
+    """The median of the values measured (None where a peer did not run)."""
+    got = [v for v in values if v is not None]
+    return median(got) if got else None
+
+
 @click.command()
 @click.option("--quick", is_flag=True, help="fewer repetitions, no 64 MiB allreduce")
 @click.option("--rounds", default=3, show_default=True,
@@ -388,16 +394,12 @@ def main(quick: bool, rounds: int, worker: str | None) -> None:
         extra[f"stage_on_started_gang_ms_{ranks}"] = median(
             o.pop("stage_on_started_gang_ms") for o, _ in runs)
 
-        def mid(values: list) -> float | None:
-            got = [v for v in values if v is not None]
-            return median(got) if got else None
-
         for op, nbytes, _ in cases:
             k = f"{op} {nbytes}"
             ours_k = [o[k] for o, _ in runs]
             buf = [m["buffer"].get(k) for _, m in runs]
-            o, p, b = median(ours_k), mid([m["pickle"].get(k) for _, m in runs]), mid(buf)
-            g = mid([r.get(k) for r in gloo_runs])
+            o, p, b = median(ours_k), _mid([m["pickle"].get(k) for _, m in runs]), _mid(buf)
+            g = _mid([r.get(k) for r in gloo_runs])
             rows.append({"ranks": ranks, "op": op, "bytes": nbytes, "rayflow_us": o,
                          "rayflow_gloo_us": g, "gloo_vs_buffer": ratio(g, b),
                          "mpi4py_pickle_us": p, "mpi4py_buffer_us": b,

@@ -260,7 +260,7 @@ class _TimeLogic(_StatefulLogic):
                 spec.windower.windows_of_many(np.where(finite, times, 0.0)), finite.tolist())]
         recs = rows(items)
         keys = _keys(key_fn, recs)
-        if state.batch_reads:  # one multi-get for the batch's windows not in the cache
+        if state.batch_reads:  # one multi-get for the batch's open windows (None: absent)
             wanted = list(dict.fromkeys(
                 ("__w", key, window) for key, windows in zip(keys, windows_of)
                 if windows is not None and key.__class__ is not _KeyFailed
@@ -287,6 +287,8 @@ class _TimeLogic(_StatefulLogic):
                 try:
                     cache[skey] = add(acc, rec)
                 except Exception as exc:  # noqa: BLE001 - user aggregator
+                    if get(skey, _MISSING) is None:  # read up front as absent: nothing to write
+                        del cache[skey]
                     dead.append(self.dead(describe_exception(exc), rec))
                     placed = True  # a dead letter, not also late
                     break
@@ -295,8 +297,6 @@ class _TimeLogic(_StatefulLogic):
                 late.append(rec)
                 late_t.append(t)
         self._opened(opened)
-        if state.batch_reads:  # a window read and not added to (its aggregator raised)
-            cache = {skey: acc for skey, acc in cache.items() if acc is not None}
         state.put_many(cache)  # one call: a write batch on RocksDB
         if self.ttl_s is not None:
             self.touch({skey[1]: None for skey in cache})
