@@ -268,12 +268,14 @@ def test_coordinator_lost_after_the_sources_finished(ray_session, kafka_broker):
     n = 400
     flow = rf.Dataflow("chaos-coord-late")
     (flow.source("src", rf.GeneratorSource(lambda i: i, count=n, rate=400))
-         .map("slow", lambda i: (time.sleep(0.02), i)[1], parallelism=2)  # ~2 s behind
+         .map("slow", lambda i: (time.sleep(0.04), i)[1], parallelism=2)  # 50 records/s
          .map("fmt", lambda i: str(i).encode(), parallelism=2)
          .sink("out", rf.KafkaSink(out, bootstrap=bs)))
-    # channels deep enough that the source ends ~2 s ahead of the slow step (at the default
-    # 2 batches in flight per channel it stays a few batches ahead, and an exactly-once job
-    # keeps a fifth of its interval of work in flight unless channel_target_s is 0)
+    # channels deep enough that the source ends seconds ahead of the slow step (at the
+    # default 2 batches in flight per channel it stays a few batches ahead, and an
+    # exactly-once job keeps a fifth of its interval of work in flight unless
+    # channel_target_s is 0). The slow step takes 8 s for the 400 records: a loaded CI
+    # machine saw 234 at the sink when the source reported its last at 20 ms a record.
     job = rf.run(flow, background=True,
                  stream={"batch_size": 10, "channel_calls": 16, "channel_target_s": 0},
                  checkpoint={"interval_s": 0.2, "processing_guarantee": "exactly_once"})
