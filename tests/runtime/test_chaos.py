@@ -275,7 +275,7 @@ def test_coordinator_lost_after_the_sources_finished(ray_session, kafka_broker):
     # default 2 batches in flight per channel it stays a few batches ahead, and an
     # exactly-once job keeps a fifth of its interval of work in flight unless
     # channel_target_s is 0). The slow step takes 8 s for the 400 records: a loaded CI
-    # machine saw 234 at the sink when the source reported its last at 20 ms a record.
+    # machine saw 234 at the sink when the source reported its last, at 20 ms a record.
     job = rf.run(flow, background=True,
                  stream={"batch_size": 10, "channel_calls": 16, "channel_target_s": 0},
                  checkpoint={"interval_s": 0.2, "processing_guarantee": "exactly_once"})
