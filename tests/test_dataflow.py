@@ -2,6 +2,7 @@ import pytest
 
 from rayflow import CollectSink, Dataflow, MemorySource
 from rayflow.errors import ConfigError
+from rayflow.operators.windows import TumblingWindow
 from rayflow.runtime.plan import chains, make_plan
 
 
@@ -84,7 +85,7 @@ def test_chains_follow_one_to_one_edges(kw, expected):
     assert chains(_linear(**kw, opts=opts)) == expected
 
 
-def test_chains_take_fan_out_and_side_outputs_and_stop_at_two_inputs_or_when_disabled():
+def test_chains_take_fan_out_and_side_outputs_and_stop_at_inputs_of_two_chains_or_when_disabled():
     f = Dataflow("fan")
     s = f.source("src", MemorySource([1])).map("m", str)
     s.sink("a", CollectSink())
@@ -95,3 +96,17 @@ def test_chains_take_fan_out_and_side_outputs_and_stop_at_two_inputs_or_when_dis
     assert chains(f) == {"src": "src", "m": "src", "a": "src", "b": "src", "c": "src",
                          "x": "src", "src2": "src2", "both": "both", "y": "y"}
     assert set(chains(_linear(), enabled=False).values()) == {"src", "m", "out"}
+
+
+def test_a_step_of_two_inputs_from_one_chain_chains_on_one_to_one_edges():
+    f = Dataflow("two")
+    a, b = f.source("src", MemorySource([1])).branch("split", bool)
+    b2 = b.map("z", str)
+    a.key_by(str).join("j", b2.key_by(str), TumblingWindow(1.0)).sink("out", CollectSink())
+    a.merge("m", b.map("x", str, parallelism=2))  # one input needs a channel
+    c, d = f.source("s2", MemorySource([1]), parallelism=2).branch("sp2", bool)
+    c.merge("m2", d.map("y", str)).sink("o2", CollectSink(), parallelism=2)  # forward 2 -> 2
+    c.key_by(str).merge("m3", d.map("w", str, parallelism=2), parallelism=2)  # keyed: a shuffle
+    assert chains(f) == {"src": "src", "split": "src", "z": "src", "j": "src", "out": "src",
+                         "x": "x", "m": "m", "s2": "s2", "sp2": "s2", "y": "s2", "m2": "s2",
+                         "o2": "s2", "w": "s2", "m3": "m3"}

@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from rayflow.dataflow import Dataflow, Partitioning
+from rayflow.dataflow import Dataflow, Partitioning, Step
 
 
 @dataclass(frozen=True)
@@ -130,13 +130,15 @@ def chains(flow: Dataflow, enabled: bool = True) -> dict[str, str]:
     """Which step each step is chained to: ``{step_id: head step_id}`` (a head maps to itself).
 
     Step D runs in the actor of its upstream U, instance i with instance i, as in Flink's
-    operator chaining, when the edge between them is one-to-one: D has that one input, their
-    parallelism is equal and the edge is ``forward`` (any partitioning when both have one
-    instance), both ask for the same actor options, and neither opts out
-    (``start_new_chain=True`` on D, ``disable_chaining=True`` on either). As in Flink, U may
-    feed other steps too, and the edge may leave from a side output (a branch's second
-    stream, late records): U hands each chained consumer its batches by a plain call, one
-    after the other, and sends to the others through channels.
+    operator chaining, when the edge between them is one-to-one: their parallelism is equal
+    and the edge is ``forward`` (any partitioning when both have one instance), both ask for
+    the same actor options, and neither opts out (``start_new_chain=True`` on D,
+    ``disable_chaining=True`` on either). As in Flink, U may feed other steps too, and the
+    edge may leave from a side output (a branch's second stream, late records): U hands each
+    chained consumer its batches by a plain call, one after the other, and sends to the
+    others through channels. A step of several inputs (a join, a merge) chains too when
+    every input is such an edge from the same chain (a join of a branch's two streams): its
+    barriers and watermarks come by call, in order, and align at once.
 
         >>> from rayflow.dataflow import Dataflow
         >>> from rayflow.connectors.memory import MemorySource, CollectSink
@@ -144,29 +146,36 @@ def chains(flow: Dataflow, enabled: bool = True) -> dict[str, str]:
         >>> _ = s.key_by(str).map("k", str, parallelism=2).sink("out", CollectSink(), parallelism=2)
         >>> chains(f)
         {'s': 's', 'm': 's', 'k': 'k', 'out': 'k'}
+        >>> a, b = f.source("t", MemorySource([1])).branch("b", bool)
+        >>> _ = a.merge("u", b.map("n", str)).sink("o2", CollectSink())
+        >>> {k: v for k, v in chains(f).items() if k in ("b", "n", "u", "o2")}
+        {'b': 't', 'n': 't', 'u': 't', 'o2': 't'}
     """
     steps = {s.step_id: s for s in flow.steps}
     head: dict[str, str] = {}
     for sid in _topological(flow):
         d = steps[sid]
         head[sid] = sid
-        if not enabled or d.kind == "source" or len(d.inputs) != 1:
+        if not enabled or d.kind == "source" or not d.inputs:
             continue
-        e = d.inputs[0]
-        u = steps[e.upstream]
-        if u.kind == "sink":
+        if not all(_one_to_one(steps[e.upstream], d, e) for e in d.inputs):
             continue
-        if u.parallelism != d.parallelism:
-            continue
-        if e.partitioning != "forward" and d.parallelism != 1:
-            continue
-        if d.options.get("start_new_chain") or d.options.get("disable_chaining") or \
-                u.options.get("disable_chaining"):
-            continue
-        if any(u.options.get(k) != d.options.get(k) for k in _ACTOR_OPTIONS):
-            continue
-        head[sid] = head[u.step_id]
+        heads = {head[e.upstream] for e in d.inputs}
+        if len(heads) == 1:
+            head[sid] = heads.pop()
     return head
+
+
+def _one_to_one(u: Step, d: Step, e: Any) -> bool:
+    """Whether the edge ``e`` from ``u`` to ``d`` may be a plain call inside one actor."""
+    if u.kind == "sink" or u.parallelism != d.parallelism:
+        return False
+    if e.partitioning != "forward" and d.parallelism != 1:
+        return False
+    if d.options.get("start_new_chain") or d.options.get("disable_chaining") or \
+            u.options.get("disable_chaining"):
+        return False
+    return all(u.options.get(k) == d.options.get(k) for k in _ACTOR_OPTIONS)
 
 
 def _topological(flow: Dataflow) -> list[str]:

@@ -139,3 +139,43 @@ def test_fan_out_chains_into_one_actor_and_recovers_exactly_once(ray_session, ka
     long_words, windows = _fan_out_reference(data)
     assert Counter(read_values(bs, long_out, "read_committed")) == long_words
     assert Counter(read_values(bs, short_out, "read_committed")) == windows
+
+
+def test_a_branch_merged_back_chains_into_one_actor_and_recovers_exactly_once(
+        ray_session, kafka_broker, new_topic):
+    """A step of two inputs from the same chain (a branch's two streams merged back) runs in
+    the source's actor too: its barriers come by call from both inputs and align there.
+    Killed after a checkpoint, the job restores and writes each count window once."""
+    import ray
+
+    bs = kafka_broker.bootstrap
+    topic_in, out = new_topic(), new_topic()
+    data = list(sentences(1200, words=6))
+    produce(bs, topic_in, data)
+    f = rf.Dataflow("merge-back-eos")
+    long_words, short_words = (f.source("in", rf.KafkaSource(topic_in, bootstrap=bs,
+                                                             bounded=True))
+                                .flat_map("words", _slow_words)
+                                .branch("split", lambda w: len(w) >= 6))
+    (long_words.map("upper", str.upper).merge("both", short_words)
+        .key_by(lambda w: w)
+        .window("count", CountWindow(10), Count())
+        .map("fmt", lambda r: f"{r.key}:{r.start}:{r.value}".encode())
+        .sink("out", rf.KafkaSink(out, bootstrap=bs)))
+    job = rf.run(f, background=True, stream={"batch_size": 20},
+                 checkpoint={"interval_s": 0.3, "processing_guarantee": "exactly_once"})
+    assert len({h._actor_id for h in job.hosts.values()}) == 1, sorted(job.hosts)
+    wait_for(lambda: any(c["status"] == "completed" for c in job.checkpoints()))
+    wait_for(lambda: job.metrics()["count"]["records_in"] > 0)
+    ray.kill(job.hosts[("in", 0)], no_restart=True)
+    job.wait(120)
+    assert len(job.recoveries) == 1 and job.recoveries[0]["restored_checkpoint"] is not None
+    seen: Counter = Counter()
+    want: Counter = Counter()
+    for w in (w for r in data for w, _, _ in parse(r)):
+        w = w.upper() if len(w) >= 6 else w
+        seen[w] += 1
+        if seen[w] % 10 == 0:
+            want[f"{w}:{seen[w] // 10 - 1}:10".encode()] += 1
+    want.update(f"{w}:{n // 10}:{n % 10}".encode() for w, n in seen.items() if n % 10)
+    assert Counter(read_values(bs, out, "read_committed")) == want
