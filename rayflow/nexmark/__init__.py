@@ -80,8 +80,8 @@ def nexmark_flow(query: str | Query, config: NexmarkConfig | None = None,
         sink: where the query's output goes (``CollectSink()``, ``DiscardSink()``...).
         parallelism: instances of the source (each makes every n-th event) and the steps.
         columnar: Arrow batches for the queries that have an Arrow path (default), else dicts.
-        late_sink: for event-time queries, where the late events of the first windowed step
-            go (by default they are dead letters; the source's watermarks trail by
+        late_sink: for event-time queries with a window or join, where the late events of
+            the first of them go (by default they are dead letters; the source's watermarks trail by
             :func:`max_delay_s`, so the generator's events are never late).
         source: another source of event dicts instead of the generator (e.g. a KafkaSource
             with ``deserializer=decode``).
@@ -106,9 +106,9 @@ def nexmark_flow(query: str | Query, config: NexmarkConfig | None = None,
         raise ConfigError(f"nexmark: {query.name} has no Arrow path; use columnar=False")
     if columnar and source is not None:
         raise ConfigError("nexmark: a given source gives event dicts; use columnar=False")
-    if late_sink is not None and not query.event_time:
-        raise ConfigError(f"nexmark: {query.name} has no event-time step, so no late events "
-                          f"for late_sink")
+    if late_sink is not None and not query.late:
+        raise ConfigError(f"nexmark: {query.name} has no step that sends late events aside, "
+                          f"so nothing for late_sink")
     if source is None:
         source = nexmark_source(config, count, rate=rate, columnar=columnar)
     flow = Dataflow(name or f"nexmark-{query.name}")

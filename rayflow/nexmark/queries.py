@@ -14,8 +14,9 @@ Nexmark suite's SQL (nexmark/nexmark, ``queries/q*.sql``):
   here they are the window's own bids, ``[start, end)``).
 - ``q8`` new users: people who opened an auction in the 10 s tumbling window in which they
   registered (a window join of people and auctions).
-- ``q9`` winning bids: each auction with its highest bid placed while it was open (an
-  interval join of auctions and bids, then a window per auction that closes at its expiry).
+- ``q9`` winning bids: each auction with its highest bid placed while it was open (a keyed
+  process function per auction that keeps its best bid and emits it on an event-time timer
+  at its expiry).
 - ``q11`` user sessions: bids per bidder and session (10 s gap).
 - ``q16`` channel statistics: per channel and (UTC) day, the latest minute and the number
   of bids, distinct bidders and distinct auctions, in all and per price range (a tumbling
@@ -62,6 +63,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rayflow.nexmark.generator import BID
+from rayflow.operators.process import KeyedProcessFunction
 from rayflow.operators.windows import (
     Aggregator,
     Count,
@@ -93,6 +95,8 @@ class Query:
         reference: ``events (dicts) -> sorted output rows``.
         rows: ``collected sink output -> sorted output rows`` (the reference's form).
         event_time: whether the query needs watermarks on its source.
+        late_output: (event-time queries) whether a step of it sends late events aside (a
+            window's or a join's ``late`` output); a process function has none.
         arrow: the query as one function over an Arrow batch of events (the queries
             without state), used by the Arrow path; None for the others.
     """
@@ -104,6 +108,12 @@ class Query:
     rows: Callable[[Any], list]
     event_time: bool = False
     arrow: Callable[[Any], Any] | None = None
+    late_output: bool = True
+
+    @property
+    def late(self) -> bool:
+        """Whether the flow has late events to send to a ``late_sink``."""
+        return self.event_time and self.late_output
 
     @property
     def columnar(self) -> bool:
@@ -415,71 +425,75 @@ def _q8_rows(out):
     return sorted(out)
 
 
-# -- q9: winning bids (interval join, then a window per auction) ------------------------------
+# -- q9: winning bids (a process function per auction, closed by an event-time timer) ------
 
 _Q9_AUCTION = ("id", "item_name", "initial_bid", "reserve", "date_time", "expires", "seller",
                "category")
 
 
-def max_auction_s(config) -> float:
-    """The longest an auction of ``config`` can run, in seconds, with a second to spare: it
-    runs ``1 + u * 2 * horizon`` ms, where the horizon is the time until
-    ``num_in_flight_auctions`` more auctions exist."""
-    ahead = (config.num_in_flight_auctions * config.total_proportion) // config.auction_proportion
-    return (2 * (ahead * config.inter_event_delay_us / 1000 + 1) + 1) / 1000 + 1.0
+def _after_ms(ms: int) -> float:
+    """The event time (s) of the timer that fires once every event of ``ms`` has arrived: a
+    record is late only when it is older than the watermark, so a timer at ``ms`` itself
+    could fire before an on-time event of that very millisecond."""
+    return (ms + 1) / 1000
 
 
-def _in_auction(pair) -> bool:
-    _, auction, bid = pair
-    return bid["date_time"] <= auction["expires"]
+def _better(auction: dict, best: dict | None, bid: dict) -> dict | None:
+    """The winning bid of ``auction`` so far, ``bid`` considered: placed while it was open,
+    highest price, then earliest, then lowest bidder (the suite orders by price
+    descending, then time)."""
+    if not auction["date_time"] <= bid["date_time"] <= auction["expires"]:
+        return best
+    if best is None or (-bid["price"], bid["date_time"], bid["bidder"]) < (
+            -best["price"], best["date_time"], best["bidder"]):
+        return bid
+    return best
 
 
-def _expiry_s(pair) -> float:
-    return pair[1]["expires"] / 1000
+class WinningBids(KeyedProcessFunction):
+    """q9 per auction id: the state is ``(auction, best bid, bids that came before their
+    auction)``. The auction's timer, just after it expires, emits the winner and clears the
+    key; a bid whose auction has not come sets a timer just after its own time, when the
+    watermark has passed every auction that could have held it, and is dropped then if
+    none came (the later bids waiting with it wait on). So an auction's state lives until its expiry, with one bid in it."""
 
+    def process_element(self, e, ctx):
+        st = ctx.state.value()
+        if e["kind"] == "auction":
+            best = None
+            for b in st[2] if st is not None else ():
+                best = _better(e, best, b)
+            ctx.state.update((e, best, ()))
+            ctx.timers.register(event_time=_after_ms(e["expires"]))
+        elif st is not None and st[0] is not None:
+            best = _better(st[0], st[1], e)
+            if best is not st[1]:
+                ctx.state.update((st[0], best, ()))
+        else:
+            ctx.state.update((None, None, (st[2] if st is not None else ()) + (e,)))
+            ctx.timers.register(event_time=_after_ms(e["date_time"]))
 
-def _pair_key(pair) -> int:
-    return pair[0]
-
-
-@dataclass(frozen=True)
-class WinningBid(Aggregator[Any]):
-    """The best ``(key, auction, bid)`` pair: highest price, then earliest bid, then lowest
-    bidder (the suite orders by price descending, then time)."""
-
-    def create(self):
-        return None
-
-    def add(self, acc, pair):
-        b = pair[2]
-        if acc is None:
-            return pair
-        a = acc[2]
-        if (-b["price"], b["date_time"], b["bidder"]) < (-a["price"], a["date_time"],
-                                                        a["bidder"]):
-            return pair
-        return acc
-
-    def merge(self, a, b):
-        return a if b is None else self.add(a, b) if a is not None else b
-
-
-def _q9_row(r) -> tuple:
-    _, auction, bid = r.value
-    return (*(auction[k] for k in _Q9_AUCTION), bid["bidder"], bid["price"], bid["date_time"])
+    def on_timer(self, key, ts, ctx):
+        st = ctx.state.value()
+        if st is None:
+            return None
+        auction, best, pending = st
+        if auction is None:  # no auction came for the bids up to ts: none will
+            kept = tuple(b for b in pending if _after_ms(b["date_time"]) > ts)
+            ctx.state.update((None, None, kept) if kept else None)
+            return None
+        if ts != _after_ms(auction["expires"]):  # a bid's timer, from before its auction came
+            return None
+        ctx.state.clear()
+        if best is None:
+            return None
+        return [(*(auction[k] for k in _Q9_AUCTION), best["bidder"], best["price"],
+                 best["date_time"])]
 
 
 def _q9_build(events, columnar, config):
-    auctions, rest = events.branch("auctions", _IsKind("auction"))
-    bids = rest.filter("bids", _IsKind("bid"))
-    pairs = auctions.key_by(_person_id).interval_join(
-        "q9-join", bids.key_by(_auction_of), 0.0, max_auction_s(config), clock=EventTime())
-    # every pair of an auction falls in the one-second window of its expiry, which closes
-    # once the watermark has passed it: then no bid of the auction can come any more
-    return (pairs.filter("q9-open", _in_auction).key_by(_pair_key)
-            .window("q9-best", TumblingWindow(1.0), WinningBid(),
-                    clock=EventTime(timestamp=_expiry_s))
-            .map("q9", _q9_row))
+    return (events.filter("q9-events", _bid_or_auction).key_by(_auction_key)
+            .process("q9", WinningBids()))
 
 
 def _q9_reference(events):
@@ -1089,7 +1103,7 @@ QUERIES: dict[str, Query] = {q.name: q for q in (
     Query("q8", "people who opened an auction in the 10 s window they registered in",
           _q8_build, _q8_reference, _q8_rows, event_time=True),
     Query("q9", "winning bids: each auction's highest bid while it was open", _q9_build,
-          _q9_reference, _q9_rows, event_time=True),
+          _q9_reference, _q9_rows, event_time=True, late_output=False),
     Query("q11", "bids per bidder and session (10 s gap)", _q11_build, _q11_reference,
           _q11_rows, event_time=True),
     Query("q16", "per channel and day: bids, bidders and auctions, by price range",
@@ -1099,7 +1113,7 @@ QUERIES: dict[str, Query] = {q.name: q for q in (
     Query("q3", "local item suggestion: category-10 auctions of sellers in OR, ID, CA",
           _q3_build, _q3_reference, _sorted),
     Query("q4", "average winning price per category", _q4_build, _q4_reference, _q4_rows,
-          event_time=True),
+          event_time=True, late_output=False),
     Query("q12", "bids per bidder per 10 s processing-time window", _q12_build,
           _q12_reference, _q12_rows),
     Query("q13", "bids joined with a bounded side input", _q13_build, _q13_reference,

@@ -193,7 +193,7 @@ def _which(event_time: Any, processing_time: Any, what: str) -> tuple[str, float
     return domain, float(ts)
 
 
-@dataclass
+@dataclass(slots=True)  # one per record: no instance dict to build
 class ProcessContext:
     """What ``process_element`` and ``on_timer`` see of the current key."""
 

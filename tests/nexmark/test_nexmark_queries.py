@@ -28,7 +28,7 @@ def events():
 
 
 def _run(query, columnar=None, parallelism=2, **kw):
-    late = rf.CollectSink() if QUERIES[query].event_time else None
+    late = rf.CollectSink() if QUERIES[query].late else None
     flow = nexmark_flow(query, CONFIG, N, sink=rf.CollectSink(), parallelism=parallelism,
                         columnar=columnar, late_sink=late, batch_size=250, **kw)
     job = flow.run(timeout_s=180)
@@ -150,8 +150,9 @@ def test_bad_queries_and_options_are_errors():
         nexmark_flow("q99", CONFIG, sink=rf.CollectSink())
     with pytest.raises(ConfigError, match="q5 has no Arrow path"):
         nexmark_flow("q5", CONFIG, sink=rf.CollectSink(), columnar=True)
-    with pytest.raises(ConfigError, match="q1 has no event-time step"):
-        nexmark_flow("q1", CONFIG, sink=rf.CollectSink(), late_sink=rf.CollectSink())
+    for q in ("q1", "q9"):  # no event time; event time, but no step with late output
+        with pytest.raises(ConfigError, match=f"{q} has no step that sends late events"):
+            nexmark_flow(q, CONFIG, sink=rf.CollectSink(), late_sink=rf.CollectSink())
     with pytest.raises(ConfigError, match="a given source gives event dicts"):
         nexmark_flow("q1", CONFIG, sink=rf.CollectSink(), columnar=True,
                      source=rf.MemorySource([]))
