@@ -6,7 +6,9 @@ the published Flink per-core figures.
 Each query runs on a private local Ray behind a generator source (parallelism 1, events
 made inside the job as Flink's Nexmark source makes them) into a discarding sink, with
 exactly-once checkpoints every second on the memory backend; q5 (a sliding window), q13 (a
-lookup join) and q20 (a keyed join) also run on RocksDB. Every query of
+lookup join) and q20 (a keyed join) also run exactly-once on RocksDB, and at-least-once on
+the memory backend (what checkpoints cost: the first within 10% of the second is the
+target). Every query of
 :data:`rayflow.nexmark.QUERIES` runs by default (q0-q5, q7-q9 and q11-q22);
 Flink's published figure is given where the suite's README has one. Per core = events / CPU seconds, where the CPU seconds
 are those of the driver and of every Ray worker process of the job (psutil, sampled while
@@ -14,6 +16,11 @@ it runs, from the moment the job runs to its end: start-up is reported apart), s
 CPU seconds / wall seconds. The plain baseline (the COST floor) makes the same events and
 runs the query in this one process: the Arrow function for the stateless queries, the
 plain-Python reference for the others. Medians of ``--runs`` runs.
+
+Memory: the peak of the job's worker processes' resident memory, summed (psutil, sampled
+with the CPU). q5, q8 and q11 (windows and a window join) also run once on ``LONG_FACTOR``
+times the events: their state must not grow with the events once windows close, so the
+peak of the long run should stay near that of the short ones.
 """
 
 from __future__ import annotations
@@ -39,12 +46,16 @@ from rayflow.nexmark import QUERIES, NexmarkConfig, NexmarkGenerator, nexmark_fl
 # the Flink suite's event-time rate: 10 M events per second of event time
 CONFIG = NexmarkConfig(seed=42, first_event_rate=10_000_000.0)
 STATEFUL = ("q5", "q13", "q20")
+# windows and joins whose state must stay bounded however long the stream runs
+LONG = ("q5", "q8", "q11")
+LONG_FACTOR = 10
 CHUNK = 16_384
 
 
 class CpuMeter:
     """CPU seconds of this process and of the Ray workers of our own raylet, sampled every
-    ``every_s`` so that workers which exit before the end still count."""
+    ``every_s`` so that workers which exit before the end still count; and the peak of the
+    workers' resident memory, summed (``peak_rss``, bytes)."""
 
     def __init__(self, every_s: float = 0.05):
         import ray
@@ -54,6 +65,7 @@ class CpuMeter:
         self._every = every_s
         self._first: dict = {}
         self._last: dict = {}
+        self.peak_rss = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
 
@@ -69,16 +81,20 @@ class CpuMeter:
         return out
 
     def _sample(self, first: bool = False) -> None:
+        me, rss = psutil.Process().pid, 0
         for p in self._procs():
             try:
                 key = (p.pid, p.create_time())
                 t = p.cpu_times()
+                if p.pid != me:
+                    rss += p.memory_info().rss
             except psutil.Error:
                 continue
             s = t.user + t.system
             if first:
                 self._first[key] = s
             self._last[key] = s
+        self.peak_rss = max(self.peak_rss, rss)
 
     def _loop(self):
         while not self._stop.wait(self._every):
@@ -98,19 +114,21 @@ class CpuMeter:
         self.cpu_s = sum(v - self._first.get(k, 0.0) for k, v in self._last.items())
 
 
-def rayflow_run(query: str, n: int, backend: str, parallelism: int = 1) -> dict:
+def rayflow_run(query: str, n: int, backend: str, parallelism: int = 1,
+                guarantee: str = "exactly_once") -> dict:
     """One run; the meter starts once the job runs (its actors are up), so start-up is
     reported apart (``start_s``) and not in the per-core figure."""
     flow = nexmark_flow(query, CONFIG, n, sink=rf.DiscardSink(), parallelism=parallelism,
                         name=f"nexmark-{query}-{time.time_ns()}")
     t0 = time.perf_counter()
-    job = flow.run(checkpoint={"processing_guarantee": "exactly_once", "state_backend": backend,
+    job = flow.run(checkpoint={"processing_guarantee": guarantee, "state_backend": backend,
                                "interval_s": 1.0}, background=True)
     start_s = time.perf_counter() - t0
     with CpuMeter() as m:
         job.wait(600)
     return {"start_s": start_s, "wall_s": m.wall_s, "cpu_s": m.cpu_s,
-            "cores": m.cpu_s / m.wall_s, "events_s": n / m.wall_s, "per_core": n / m.cpu_s}
+            "cores": m.cpu_s / m.wall_s, "events_s": n / m.wall_s, "per_core": n / m.cpu_s,
+            "peak_rss_mib": m.peak_rss / 2**20}
 
 
 def plain_run(query: str, n: int) -> dict:
@@ -140,7 +158,9 @@ def median(rows: list[dict], key: str) -> float:
 @click.option("--runs", default=3, show_default=True, help="Runs per configuration.")
 @click.option("--queries", default=",".join(QUERIES), show_default=True)
 @click.option("--events", type=int, default=None, help="Events per run (overrides the sizes).")
-def main(quick: bool, runs: int, queries: str, events: int | None) -> None:
+@click.option("--long-queries", default=",".join(LONG), show_default=True,
+              help="Queries also run LONG_FACTOR times longer, for their memory ('': none).")
+def main(quick: bool, runs: int, queries: str, events: int | None, long_queries: str) -> None:
     names = [q.strip() for q in queries.split(",") if q.strip()]
     unknown = [q for q in names if q not in QUERIES]
     if unknown:
@@ -153,30 +173,52 @@ def main(quick: bool, runs: int, queries: str, events: int | None) -> None:
         q = QUERIES[name]
         n = events or sizes["stateless" if q.columnar else "stateful"]
         plain = [plain_run(name, n) for _ in range(runs)]
-        backends = ["memory"] + (["rocksdb"] if name in STATEFUL else [])
-        for backend in backends:
-            runs_ = [rayflow_run(name, n, backend) for _ in range(runs)]
+        configs = [("memory", "exactly_once")] + (
+            [("rocksdb", "exactly_once"), ("memory", "at_least_once")] if name in STATEFUL
+            else [])
+        for backend, guarantee in configs:
+            runs_ = [rayflow_run(name, n, backend, guarantee=guarantee) for _ in range(runs)]
             row = {"query": name, "events": n, "backend": backend,
-                   "guarantee": "exactly_once", "path": "arrow" if q.columnar else "rows",
+                   "guarantee": guarantee, "path": "arrow" if q.columnar else "rows",
                    "runs": runs_, "plain_runs": plain,
                    "events_s": median(runs_, "events_s"), "cores": median(runs_, "cores"),
                    "per_core": median(runs_, "per_core"),
+                   "peak_rss_mib": median(runs_, "peak_rss_mib"),
                    "plain_per_core": median(plain, "per_core"),
                    "flink_per_core": FLINK_PER_CORE.get(name)}
             row["vs_plain"] = ratio(row["per_core"], row["plain_per_core"])
             row["vs_flink"] = ratio(row["per_core"], row["flink_per_core"])
             rows.append(row)
-            table.append([name, backend, row["path"], n, row["events_s"], row["cores"],
-                          row["per_core"], row["plain_per_core"], row["vs_plain"],
-                          row["flink_per_core"], row["vs_flink"]])
-            print(f"{name} {backend}: {row['per_core']:,.0f} events/s per core", flush=True)
+            table.append([name, backend, guarantee, row["path"], n, row["events_s"],
+                          row["cores"], row["per_core"], row["plain_per_core"],
+                          row["vs_plain"], row["flink_per_core"], row["vs_flink"],
+                          row["peak_rss_mib"]])
+            print(f"{name} {backend} {guarantee}: {row['per_core']:,.0f} events/s per core",
+                  flush=True)
     print_table(f"W7 Nexmark, events/s per core (median of {runs}; machine: "
                 f"{psutil.cpu_count()}-core VM, shared)",
-                ["query", "state", "path", "events", "events/s", "cores", "per core",
-                 "plain/core", "vs plain", "Flink/core", "vs Flink"], table)
+                ["query", "state", "guarantee", "path", "events", "events/s", "cores",
+                 "per core", "plain/core", "vs plain", "Flink/core", "vs Flink", "peak MiB"],
+                table)
+    long_rows = []
+    for name in (q.strip() for q in long_queries.split(",") if q.strip()):
+        short = next((r for r in rows if r["query"] == name and r["backend"] == "memory"
+                      and r["guarantee"] == "exactly_once"), None)
+        if short is None:
+            continue  # its 1x row did not run
+        n = short["events"] * LONG_FACTOR
+        run = rayflow_run(name, n, "memory")
+        long_rows.append({"query": name, "events": short["events"], "long_events": n,
+                          "peak_rss_mib": short["peak_rss_mib"],
+                          "long_peak_rss_mib": run["peak_rss_mib"],
+                          "growth": ratio(run["peak_rss_mib"], short["peak_rss_mib"]),
+                          "long_run": run})
+        print(f"{name}: peak {short['peak_rss_mib']:,.0f} MiB at {short['events']:,} events, "
+              f"{run['peak_rss_mib']:,.0f} MiB at {n:,}", flush=True)
     path = write_result("nexmark",
                         {"quick": quick, "runs_per_config": runs, "config": repr(CONFIG),
-                         "flink_per_core": FLINK_PER_CORE, "rows": rows})
+                         "flink_per_core": FLINK_PER_CORE, "rows": rows,
+                         "long_factor": LONG_FACTOR, "long": long_rows})
     print(f"\nwrote {path}")
 
 
