@@ -384,18 +384,28 @@ def _q8_row(pair) -> tuple:
     return (person["id"], person["name"], float(start))
 
 
-def _first_time(seen, row):
-    # a person has one registration, so one window: emit their row once, whatever the
-    # number of auctions they opened in it
-    return True, (None if seen else row)
+def _person_window(row) -> tuple:
+    return row[0], row[2]
+
+
+class _OncePerWindow(KeyedProcessFunction):
+    """Per (person, window): the first row, once, whatever the number of auctions they
+    opened in it; the key's mark is dropped when the watermark passes the window's end
+    (the join emits a window's rows before it forwards that watermark), so the state holds
+    the windows being emitted, not every person ever seen."""
+
+    def process_element(self, row, ctx):
+        if ctx.state.value() is None:
+            ctx.state.update(True)
+            ctx.timers.register(event_time=row[2] + Q8_LENGTH_S)
+            yield row
+
+    def on_timer(self, key, ts, ctx):
+        ctx.state.clear()
 
 
 def _value_of(keyed) -> Any:
     return keyed[1]
-
-
-def _is_not_none(x) -> bool:
-    return x is not None
 
 
 def _q8_build(events, columnar, config):
@@ -403,13 +413,7 @@ def _q8_build(events, columnar, config):
     auctions = rest.filter("auctions", _IsKind("auction"))
     joined = persons.key_by(_person_id).join("q8-join", auctions.key_by(_seller),
                                              TumblingWindow(Q8_LENGTH_S), clock=EventTime())
-    rows = joined.map("q8-row", _q8_row).key_by(_q8_key)
-    return (rows.stateful_map("q8-once", _first_time).map("q8-value", _value_of)
-            .filter("q8", _is_not_none))
-
-
-def _q8_key(row) -> int:
-    return row[0]
+    return joined.map("q8-row", _q8_row).key_by(_person_window).process("q8", _OncePerWindow())
 
 
 def _q8_reference(events):
