@@ -81,8 +81,8 @@ def nexmark_flow(query: str | Query, config: NexmarkConfig | None = None,
         parallelism: instances of the source (each makes every n-th event) and the steps.
         columnar: Arrow batches for the queries that have an Arrow path (default), else dicts.
         late_sink: for event-time queries with a window or join, where the late events of
-            the first of them go (by default they are dead letters; the source's watermarks trail by
-            :func:`max_delay_s`, so the generator's events are never late).
+            the first of them go (by default they are dead letters; the source's watermarks
+            trail by :func:`max_delay_s`, so the generator's events are never late).
         source: another source of event dicts instead of the generator (e.g. a KafkaSource
             with ``deserializer=decode``).
         name: the flow's name (default ``nexmark-<query>``).

@@ -459,7 +459,8 @@ class WinningBids(KeyedProcessFunction):
     auction)``. The auction's timer, just after it expires, emits the winner and clears the
     key; a bid whose auction has not come sets a timer just after its own time, when the
     watermark has passed every auction that could have held it, and is dropped then if
-    none came (the later bids waiting with it wait on). So an auction's state lives until its expiry, with one bid in it."""
+    none came (the later bids waiting with it wait on). So an auction's state lives until
+    its expiry, with one bid in it."""
 
     def process_element(self, e, ctx):
         st = ctx.state.value()
