@@ -15,7 +15,9 @@ are those of the driver and of every Ray worker process of the job (psutil, samp
 it runs, from the moment the job runs to its end: start-up is reported apart), so cores =
 CPU seconds / wall seconds. The plain baseline (the COST floor) makes the same events and
 runs the query in this one process: the Arrow function for the stateless queries, the
-plain-Python reference for the others. Medians of ``--runs`` runs.
+plain-Python reference for the others. Where Bytewax (the ``peers`` extra) can express the
+query with its own operators (q0-q2, q18, q19), it runs the same events in a process of its
+own, one worker, in the same rounds (:mod:`peers_nexmark`). Medians of ``--runs`` runs.
 
 Memory: the peak of the job's worker processes' resident memory, summed (psutil, sampled
 with the CPU). q5, q8 and q11 (windows and a window join) also run once on events at 10 k
@@ -36,6 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import click  # noqa: E402
 import numpy as np  # noqa: E402
+import peers_nexmark  # noqa: E402
 import psutil  # noqa: E402
 from _common import print_table, ratio, write_result  # noqa: E402
 from report.published import W7_FLINK_PER_CORE as FLINK_PER_CORE  # noqa: E402
@@ -179,6 +182,8 @@ def main(quick: bool, runs: int, queries: str, events: int | None, long_queries:
         q = QUERIES[name]
         n = events or sizes["stateless" if q.columnar else "stateful"]
         plain = [plain_run(name, n) for _ in range(runs)]
+        bytewax = [peers_nexmark.bytewax_run(name, n) for _ in range(runs)] \
+            if name in peers_nexmark.QUERIES and peers_nexmark.available() else []
         configs = [("memory", "exactly_once")] + (
             [("rocksdb", "exactly_once"), ("memory", "at_least_once")] if name in STATEFUL
             else [])
@@ -192,19 +197,23 @@ def main(quick: bool, runs: int, queries: str, events: int | None, long_queries:
                    "peak_rss_mib": median(runs_, "peak_rss_mib"),
                    "plain_per_core": median(plain, "per_core"),
                    "flink_per_core": FLINK_PER_CORE.get(name)}
+            if bytewax and (backend, guarantee) == ("memory", "exactly_once"):
+                row.update(bytewax_runs=bytewax, bytewax_per_core=median(bytewax, "per_core"),
+                           vs_bytewax=ratio(row["per_core"], median(bytewax, "per_core")))
             row["vs_plain"] = ratio(row["per_core"], row["plain_per_core"])
             row["vs_flink"] = ratio(row["per_core"], row["flink_per_core"])
             rows.append(row)
             table.append([name, backend, guarantee, row["path"], n, row["events_s"],
                           row["cores"], row["per_core"], row["plain_per_core"],
                           row["vs_plain"], row["flink_per_core"], row["vs_flink"],
-                          row["peak_rss_mib"]])
+                          row.get("bytewax_per_core"), row["peak_rss_mib"]])
             print(f"{name} {backend} {guarantee}: {row['per_core']:,.0f} events/s per core",
                   flush=True)
     print_table(f"W7 Nexmark, events/s per core (median of {runs}; machine: "
                 f"{psutil.cpu_count()}-core VM, shared)",
                 ["query", "state", "guarantee", "path", "events", "events/s", "cores",
-                 "per core", "plain/core", "vs plain", "Flink/core", "vs Flink", "peak MiB"],
+                 "per core", "plain/core", "vs plain", "Flink/core", "vs Flink", "Bytewax/core",
+                 "peak MiB"],
                 table)
     long_rows = []
     for name in (q.strip() for q in long_queries.split(",") if q.strip()):

@@ -441,17 +441,28 @@ def _w7(doc: dict, ctx: _Ctx) -> list[str]:
                     and x.get("start_s") is not None)
         return ts[len(ts) // 2] if ts else None
 
+    bytewax = any(r.get("bytewax_per_core") for r in rows)
     lines += _table(["query", "state", "guarantee", "path", "events", "events/s", "cores",
                      "rayflow per core", "plain per core", "rayflow / plain",
-                     "Flink per core (pub.)", "rayflow / Flink", "start-up s", "peak MiB"],
+                     "Flink per core (pub.)", "rayflow / Flink"]
+                    + (["Bytewax per core", "rayflow / Bytewax"] if bytewax else [])
+                    + ["start-up s", "peak MiB"],
                     [[r["query"], r.get("backend"), _guarantee(r), r.get("path"),
                       r.get("events"), r.get("events_s"), r.get("cores"), r["per_core"],
                       r.get("plain_per_core"),
                       _x(_ratio(r["per_core"], r.get("plain_per_core"))),
                       flink.get(r["query"]),
-                      _x(_ratio(r["per_core"], flink.get(r["query"]))), start_up(r),
-                      r.get("peak_rss_mib")]
+                      _x(_ratio(r["per_core"], flink.get(r["query"])))]
+                     + ([r.get("bytewax_per_core"),
+                         _x(_ratio(r["per_core"], r.get("bytewax_per_core")))]
+                        if bytewax else [])
+                     + [start_up(r), r.get("peak_rss_mib")]
                      for r in rows])
+    if bytewax:
+        lines += ["", "Bytewax: the same events and the query with its own operators (and "
+                  "rayflow's per-record functions), one worker in a process of its own, in the "
+                  "same rounds; it runs record by record, where rayflow's q0-q2 run on Arrow "
+                  "batches."]
     # Flink's figures are exactly-once runs: the at-least-once rows are the checkpoint
     # cost's baseline, not a configuration to set beside them
     rows = [r for r in rows if _guarantee(r) == "exactly_once"]
@@ -529,6 +540,8 @@ def _plot_w7(ctx: _Ctx, rows: list[dict], flink: dict) -> Path | None:
         series = [("rayflow", [r["per_core"] for r in rows]),
                   ("plain Python, one process", [r.get("plain_per_core") or float("nan")
                                                  for r in rows]),
+                  ("Bytewax, one worker", [r.get("bytewax_per_core") or float("nan")
+                                           for r in rows]),
                   ("Flink 1.13 (published)", [flink.get(r["query"], float("nan"))
                                               for r in rows])]
         width = 0.8 / len(series)
