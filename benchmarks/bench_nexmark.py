@@ -171,7 +171,8 @@ def median(rows: list[dict], key: str) -> float:
               help="Queries also run LONG_FACTOR times longer, for their memory ('': none).")
 def main(quick: bool, runs: int, queries: str, events: int | None, long_queries: str) -> None:
     names = [q.strip() for q in queries.split(",") if q.strip()]
-    unknown = [q for q in names if q not in QUERIES]
+    longs = [q.strip() for q in long_queries.split(",") if q.strip()]
+    unknown = [q for q in names + longs if q not in QUERIES]
     if unknown:
         raise click.BadParameter(f"unknown queries {unknown}; known: {sorted(QUERIES)}")
     ensure_ray(None, include_dashboard=False)
@@ -216,7 +217,7 @@ def main(quick: bool, runs: int, queries: str, events: int | None, long_queries:
                  "peak MiB"],
                 table)
     long_rows = []
-    for name in (q.strip() for q in long_queries.split(",") if q.strip()):
+    for name in longs:
         n = events or sizes["stateful"]
         short = rayflow_run(name, n, "memory", config=LONG_CONFIG)
         run = rayflow_run(name, n * LONG_FACTOR, "memory", config=LONG_CONFIG)
