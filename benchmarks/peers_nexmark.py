@@ -101,6 +101,7 @@ def _flow(query: str, n: int, counter: list):
 
 def main(query: str, n: int) -> None:
     from bytewax.run import cli_main
+    from peers_stream import _version
 
     counter = [0]
     flow = _flow(query, n, counter)
@@ -108,7 +109,8 @@ def main(query: str, n: int) -> None:
     cli_main(flow, workers_per_process=1)
     cpu, wall = time.process_time() - c0, time.perf_counter() - t0
     print(json.dumps({"query": query, "events": n, "wall_s": wall, "cpu_s": cpu,
-                      "per_core": n / cpu, "events_s": n / wall, "outputs": counter[0]}))
+                      "per_core": n / cpu, "events_s": n / wall, "outputs": counter[0],
+                      "version": _version("bytewax")}))
 
 
 if __name__ == "__main__":

@@ -16,8 +16,8 @@ than one instance is paced: there a batch that would cost a receiver more than
 (:func:`deal`) of about ``batch_target_s`` each, its last part too, each part to the
 instance with the fewest records in flight (round-robin among equals), so a slow step
 spreads evenly (Flink spreads records, not batches), and a source polls no more than its
-channels take in ``ENGAGE`` rounds. Other edges, and receivers faster than ``CallPace.SLOW_RECORD_S`` a record, keep
-whole batches.
+channels take in ``ENGAGE`` rounds. Other edges, and receivers faster than
+``CallPace.SLOW_RECORD_S`` a record, keep whole batches.
 
 A channel to an instance chained into the same actor is a plain call instead: the receiver
 handles the message in the sender's thread before ``emit`` returns, so it needs no window.

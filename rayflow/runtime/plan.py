@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from rayflow.dataflow import Dataflow, Partitioning, Step
+from rayflow.dataflow import Dataflow, Edge, Partitioning, Step
 
 
 @dataclass(frozen=True)
@@ -166,7 +166,7 @@ def chains(flow: Dataflow, enabled: bool = True) -> dict[str, str]:
     return head
 
 
-def _one_to_one(u: Step, d: Step, e: Any) -> bool:
+def _one_to_one(u: Step, d: Step, e: Edge) -> bool:
     """Whether the edge ``e`` from ``u`` to ``d`` may be a plain call inside one actor."""
     if u.kind == "sink" or u.parallelism != d.parallelism:
         return False
