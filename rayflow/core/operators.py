@@ -31,6 +31,9 @@ class StepContext:
     # a source's link to its step's SplitEnumerator: ``splits.request()`` returns a
     # concurrent.futures.Future of ``enumerator.assign(instance)``; None without one
     splits: Any = None
+    # which start of the job built this instance: 0 the first, one more at each recovery
+    # (Flink's attempt number)
+    attempt_number: int = 0
 
 
 @dataclass(frozen=True)

@@ -52,6 +52,9 @@ class CoordinatorActor:
         self._running = True
         self.paused = False  # a failover region is restarting: no checkpoint starts
         self.enumerators: dict[str, Any] = {}  # source step -> SplitEnumerator
+        # task -> the attempt (start or recovery) that built its running instance: a call
+        # from an older instance (killed, but its calls may still be on the way) is dropped
+        self.attempts: dict[tuple[str, int], int] = {}
         self.split_lock = threading.Lock()  # not self.lock: a checkpoint must not delay reads
         threading.Thread(target=self._loop, daemon=True).start()
 
@@ -111,33 +114,52 @@ class CoordinatorActor:
             self.hosts, self.sources = {}, {}
             return out
 
-    def ack(self, checkpoint_id: int, task: tuple[str, int], handle: Any) -> None:
+    def _stale(self, task: tuple[str, int], attempt: int, what: str) -> bool:
+        """Whether a call comes from an instance that a later attempt replaced."""
+        current = self.attempts.get(tuple(task), 0)  # type: ignore[arg-type]
+        if attempt < current:
+            log.debug("dropped %s from %s of attempt %d (attempt %d runs)", what, task,
+                      attempt, current)
+            return True
+        return False
+
+    def ack(self, checkpoint_id: int, task: tuple[str, int], handle: Any,
+            attempt: int = 0) -> None:
         with self.lock:
-            if self.core is not None:
+            if self.core is not None and not self._stale(task, attempt, "an ack"):
                 self._do(self.core.ack(checkpoint_id, task, handle, time.time()))
 
     def task_finished(self, task: tuple[str, int], handle: Any = None,
-                      drained: bool = True) -> None:
+                      drained: bool = True, attempt: int = 0) -> None:
         with self.lock:
-            if self.core is not None:
+            if self.core is not None and not self._stale(task, attempt, "an end of task"):
                 self._do(self.core.task_finished(task, time.time(), handle, drained))
 
-    def set_enumerators(self, enumerators: dict[str, Any], merge: bool = False) -> bool:
-        """The split enumerators of the source steps (replaced at each start or recovery;
-        with ``merge``, only those of the steps given: a region's restart)."""
-        with self.split_lock:
+    def start_attempt(self, attempt: int, tasks: list, enumerators: dict[str, Any],
+                      merge: bool = False) -> bool:
+        """Attempt ``attempt`` (a start, a recovery) builds new instances of ``tasks``:
+        from now on, calls from their older instances are dropped. ``enumerators``: the
+        split enumerators of the source steps (replaced at each attempt; with ``merge``,
+        only those of the steps given: a region's restart)."""
+        with self.lock, self.split_lock:
+            self.attempts.update({tuple(t): attempt for t in tasks})
             self.enumerators = {**self.enumerators, **enumerators} if merge else \
                 dict(enumerators)
         return True
 
-    def assign_splits(self, step_id: str, instance: int) -> list | None:
-        """A source reader asks its step's enumerator for more splits."""
+    def assign_splits(self, step_id: str, instance: int, attempt: int = 0) -> list | None:
+        """A source reader asks its step's enumerator for more splits. A reader that a
+        later attempt replaced gets none: what it took would be lost with it."""
         with self.split_lock:
+            if self._stale((step_id, instance), attempt, "a request for splits"):
+                return []
             return self.enumerators[step_id].assign(instance)
 
-    def position(self, task: tuple[str, int], pos: Any) -> None:
+    def position(self, task: tuple[str, int], pos: Any, attempt: int = 0) -> None:
         """At-most-once sources record their position before emitting (durably, when the
         job has a store: a new coordinator must never replay what already left)."""
+        if self._stale(task, attempt, "a position"):
+            return
         self.positions[task] = pos
         if self.durable_positions:
             self.store.write_position(task, pos)  # type: ignore[union-attr]  # (durable: a store)
@@ -237,11 +259,13 @@ class SplitClient:
     """``ctx.splits`` of a source reader under the runtime: asks the step's enumerator,
     which lives in the coordinator actor, without blocking (a Future of its answer)."""
 
-    def __init__(self, coordinator: Any, step_id: str, instance: int):
+    def __init__(self, coordinator: Any, step_id: str, instance: int, attempt: int = 0):
         self.coordinator, self.step_id, self.instance = coordinator, step_id, instance
+        self.attempt = attempt
 
     def request(self) -> _Reply:
-        return _Reply(self.coordinator.assign_splits.remote(self.step_id, self.instance))
+        return _Reply(self.coordinator.assign_splits.remote(self.step_id, self.instance,
+                                                            self.attempt))
 
 
 class _Reply:

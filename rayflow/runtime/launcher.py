@@ -41,6 +41,7 @@ class Launcher:
         self.run_id = uuid.uuid4().hex[:12]  # one per run; recoveries keep it
         self.store_root: str | None = None  # the run's durable checkpoints
         self._coupled: set[str] = set()  # source steps whose readers share an enumerator
+        self._attempt = -1  # counts the starts: the first, then each recovery
 
     def _meta(self) -> dict:
         chk = self.config.checkpoint
@@ -97,8 +98,13 @@ class Launcher:
         enumerators = self._enumerators(handles_in, positions, only)
         if only is None:
             self._coupled = set(enumerators)
-        # before any reader is built: a reader asks for its first splits as it is built
-        ray.get(self.coordinator.set_enumerators.remote(enumerators, only is not None))
+        # before any reader is built (a reader asks for its first splits as it is built):
+        # from now on the coordinator drops what the replaced instances still send (a
+        # request for splits from a killed reader would take files nobody reads)
+        self._attempt += 1
+        ray.get(self.coordinator.start_attempt.remote(
+            self._attempt, [k for k in self.plan.instances() if only is None or k in only],
+            enumerators, only is not None))
         for key in self.plan.instances():
             if only is not None and key not in only:
                 continue
@@ -106,8 +112,8 @@ class Launcher:
             step = steps[step_id]
             ctx = StepContext(step_id, i, step.parallelism, self.flow.name, backend,
                               chk.processing_guarantee, self.run_id,
-                              SplitClient(self.coordinator, step_id, i)
-                              if step_id in enumerators else None)
+                              SplitClient(self.coordinator, step_id, i, self._attempt)
+                              if step_id in enumerators else None, self._attempt)
             resume = handles_in.get(key)
             if old_par.get(step_id, step.parallelism) != step.parallelism:
                 n_old = old_par[step_id]

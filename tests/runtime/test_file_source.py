@@ -95,3 +95,25 @@ def test_a_pattern_that_matches_nothing_fails_the_job_naming_it(ray_session, tmp
     assert reader.poll(10, 0.0) is None and not reader.exhausted
     with pytest.raises(ValueError, match="pattern must be a glob or a list of globs"):
         DirectorySource(str(tmp_path), ())
+
+
+def test_a_replaced_reader_gets_no_files_and_its_calls_are_dropped(ray_session, tmp_path):
+    """A killed reader's calls may reach the coordinator after the recovery started its
+    replacement: they must not take files from the new enumerator (nobody would read them)
+    nor overwrite what the new instances report."""
+    from rayflow.runtime.coordinator import CoordinatorActor, SplitClient
+
+    d = tmp_path / "in"
+    _write(d, 0, 20)
+    spec = DirectorySource(str(d), "*.txt")
+    coord = CoordinatorActor.remote(1.0, 10.0)
+    tasks = [("read", 0), ("read", 1)]
+    ray_session.get(coord.start_attempt.remote(0, tasks, {"read": spec.enumerator(2, [])}))
+    ray_session.get(coord.start_attempt.remote(1, tasks, {"read": spec.enumerator(2, [])}))
+    assert SplitClient(coord, "read", 0, attempt=0).request().result(10) == []
+    got = SplitClient(coord, "read", 0, attempt=1).request().result(10)
+    assert got and got[0].endswith("f00000.txt")  # the first chunk was not taken before
+    coord.position.remote(("read", 1), ["new"], 1)
+    ray_session.get(coord.position.remote(("read", 1), ["old"], 0))
+    assert ray_session.get(coord.detach.remote())["positions"] == {("read", 1): ["new"]}
+    ray_session.kill(coord)

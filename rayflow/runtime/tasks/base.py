@@ -251,7 +251,8 @@ class StepTask:
     def _ack(self, checkpoint_id: int, handle: Any) -> None:
         if self.coordinator is not None:
             self._acks = [r for r in self._acks if not ray.wait([r], timeout=0)[0]]
-            self._acks.append(self.coordinator.ack.remote(checkpoint_id, self._key(), handle))
+            self._acks.append(self.coordinator.ack.remote(checkpoint_id, self._key(), handle,
+                                                          self.ctx.attempt_number))
 
     def _task_finished(self, handle: Any) -> None:
         """Tell the coordinator this task ended, with its final state: the checkpoints that
@@ -262,7 +263,8 @@ class StepTask:
         self._acks = []
         # drained: it flushed its open state (a savepoint stop keeps it for a resume)
         self.coordinator.task_finished.remote(self._key(), handle,
-                                              self._drain or self.restored_final)
+                                              self._drain or self.restored_final,
+                                              self.ctx.attempt_number)
 
     def _key(self) -> tuple[str, int]:
         return (self.ctx.step_id, self.ctx.instance)

@@ -83,7 +83,8 @@ class SourceTask(StepTask):
                     if at_most_once:
                         # at-most-once: the position is recorded before the records leave, so
                         # a restart never replays them
-                        ray.get(self.coordinator.position.remote(self._key(), reader.snapshot()))
+                        ray.get(self.coordinator.position.remote(self._key(), reader.snapshot(),
+                                                                self.ctx.attempt_number))
                     self._emit_parts(parts, times, in_time)
                     batch_size = _paced(sizer.sent(pending, time.monotonic()), emitter)
                     parts, times, pending = [], [], 0
