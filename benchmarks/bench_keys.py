@@ -2,6 +2,7 @@
 keys, records/s and memory per key, per state backend, beside a plain-Python baseline.
 
     python benchmarks/bench_keys.py [--quick] [--keys 1000,10000] [--backends memory,rocksdb]
+                                    [--rounds 3]
 
 Each configuration runs in a fresh Python process (so its memory figure is its own): the
 window step's logic (``Windowed(TumblingWindow, Count, EventTime)``, as a job's instance runs
@@ -31,6 +32,9 @@ frozen out of later collections). With Python's own thresholds the full collecti
 walk the state's million-entry dicts, took over half of the time at 1 M keys (measured on
 the 2-core VM: 14.4 s of 27 s in 59 full collections).
 
+Every configuration runs ``--rounds`` times, in interleaved rounds (each configuration once a
+round): the figures are medians, records/s with its min-max over the rounds.
+
 The target is a cost per record that does not grow with the number of open windows:
 records/s at 1 M keys within 2x of 1 k keys, for each backend (``vs_fewest_keys`` within
 each series).
@@ -40,6 +44,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -199,8 +204,12 @@ def _in_process(kind: str, keys: int, per_key: int, windows: int) -> dict:
               help="1 k and 10 k keys, 40,000 records a run (a few seconds).")
 @click.option("--keys", "keys_opt", default=None, help="Comma-separated key counts.")
 @click.option("--backends", default=",".join(BACKENDS), show_default=True)
+@click.option("--rounds", default=3, show_default=True, type=click.IntRange(1),
+              help="Runs of every configuration, in interleaved rounds (every configuration "
+                   "once per round): medians, with the min-max.")
 @click.option("--worker", default=None, hidden=True)
-def main(quick: bool, keys_opt: str | None, backends: str, worker: str | None) -> None:
+def main(quick: bool, keys_opt: str | None, backends: str, rounds: int,
+         worker: str | None) -> None:
     if worker is not None:  # one configuration, in this fresh process
         kind, keys, per_key, windows = (int(x) if x.isdigit() else x
                                         for x in worker.split(":"))
@@ -216,13 +225,29 @@ def main(quick: bool, keys_opt: str | None, backends: str, worker: str | None) -
         QUICK_KEYS if quick else KEYS)
     least = QUICK_MIN_RECORDS if quick else MIN_RECORDS
     rows, table = [], []
-    done: dict[tuple, dict] = {}  # (kind, keys, per_key, windows) -> figures: run once
+
+    def conf(kind: str, keys: int, series: str) -> tuple:
+        return (kind, keys, *layout(keys, least, series))
+
+    # every configuration (each run once: at 100 k keys and up the series share their runs),
+    # once a round, rounds after each other: a slow spell of the machine falls on every
+    # configuration alike, not on the one that ran then
+    confs = list(dict.fromkeys(conf(kind, k, series) for series in SERIES for backend in names
+                               for k in sizes for kind in (backend, "plain")))
+    runs: dict[tuple, list[dict]] = {c: [] for c in confs}
+    for r in range(rounds):
+        for c in confs:
+            runs[c].append(_in_process(*c))
+            print(f"round {r + 1}/{rounds}: {c[0]} {c[1]:>9,} keys: "
+                  f"{runs[c][-1]['records_s']:,.0f} records/s", flush=True)
 
     def measure(kind: str, keys: int, series: str) -> dict:
-        conf = (kind, keys, *layout(keys, least, series))
-        if conf not in done:
-            done[conf] = _in_process(*conf)
-        return done[conf]
+        got = runs[conf(kind, keys, series)]
+        rates = [g["records_s"] for g in got]
+        out = {f: statistics.median(g[f] for g in got) if got[0][f] is not None else None
+               for f in got[0]}
+        return {**out, "records": got[0]["records"], "records_s_min": min(rates), "records_s_max": max(rates),
+                "rounds": len(got)}
 
     for series in SERIES:
         for backend in names:
@@ -234,16 +259,18 @@ def main(quick: bool, keys_opt: str | None, backends: str, worker: str | None) -
                 row = {"series": series, "backend": backend, "keys": k,
                        "per_key_per_window": per_key, "windows": windows, **res,
                        "plain_records_s": plain["records_s"],
+                       "plain_records_s_min": plain["records_s_min"],
+                       "plain_records_s_max": plain["records_s_max"],
                        "plain_mem_bytes_per_key": plain["mem_bytes_per_key"],
                        "vs_plain": ratio(res["records_s"], plain["records_s"]),
                        "vs_fewest_keys": ratio(res["records_s"], first)}
                 rows.append(row)
-                table.append([series, backend, k, per_key, windows, row["records_s"],
+                table.append([series, backend, k, per_key, windows,
+                              f"{row['records_s']:,.0f} ({row['records_s_min']:,.0f}-"
+                              f"{row['records_s_max']:,.0f})",
                               row["plain_records_s"], row["vs_plain"], row["vs_fewest_keys"],
                               row["mem_bytes_per_key"], row["plain_mem_bytes_per_key"],
                               row["disk_bytes_per_key"]])
-                print(f"{series}: {backend} {k:>9,} keys: {row['records_s']:,.0f} records/s",
-                      flush=True)
     machine = machine_info()
     print_table(f"Tumbling windows by number of keys (machine: {machine['logical_cores']}-core "
                 f"{machine['cpu_model'] or 'VM'}, load {machine['loadavg_1m']})",
@@ -252,7 +279,8 @@ def main(quick: bool, keys_opt: str | None, backends: str, worker: str | None) -
                  "disk B/key"], table)
     # a smoke run or a subset must not overwrite the full run's figures
     path = write_result("keys" if not (quick or keys_opt) else "keys_quick",
-                        {"quick": quick, "window_s": WINDOW_S, "min_records": least,
+                        {"quick": quick, "rounds": rounds, "window_s": WINDOW_S,
+                         "min_records": least,
                          "batch": BATCH, "rows": rows})
     print(f"\nwrote {path}")
 

@@ -353,8 +353,15 @@ def _nexmark() -> dict:
                 flink_per_core={"q0": 155_000.0, "q5": 22_100.0}, long_factor=10, long=long)
 
 
+def _nexmark_kafka() -> dict:
+    rows = [{"query": "q1", "events": 2000, "backend": "memory", "guarantee": "exactly_once",
+             "path": "rows", "source": "kafka", "events_s": 50_000.0, "cores": 1.25,
+             "per_core": 40_000.0, "plain_per_core": 50_000.0, "flink_per_core": 157_900.0}]
+    return _doc("nexmark_kafka", quick=False, runs_per_config=3, client="confluent", rows=rows)
+
+
 def test_nexmark_section(tmp_path):
-    results = _write(tmp_path, [_nexmark()])
+    results = _write(tmp_path, [_nexmark(), _nexmark_kafka()])
     md = generate(results, tmp_path / "B.md", tmp_path / "plots").read_text()
     w7 = _section(md, "W7")
     # 310,000 / 620,000 = 0.50x the floor and / 155,000 = 2.00x Flink; 11,050 / 22,100 = 0.50x
@@ -366,6 +373,10 @@ def test_nexmark_section(tmp_path):
     # 11,050 / 13,000 = 0.85x: below the 0.9x target
     assert "| q5 | 11,050 | 13,000 | 0.85× |" in w7
     assert "| q5 | 1,000 | 40.0 | 200 | 10,000 | 210 | 1.05× |" in w7
+    # through Kafka: 40,000 / 50,000 = 0.80x the plain loop, / 157,900 = 0.25x Flink
+    kafka = _section(md, "W7 — Nexmark through Kafka")
+    assert "| q1 | 2,000 | 50,000 | 1.25 | 40,000 | 50,000 | 0.80× | 157,900 | 0.25× |" in kafka
+    assert "| q1 |" not in w7
     glance = _section(md, "Targets at a glance")
     assert re.search(r"\| W7 \| exactly-once on RocksDB within 10% [^|]* \| q5 0.85× \| "
                      r"\*\*missed\*\* \|", glance)
@@ -374,6 +385,7 @@ def test_nexmark_section(tmp_path):
                      r"\(rocksdb\): 0.50× \| reported \|", glance)
     assert re.search(r"\| W7 \| [^|]*floor[^|]* \| 0.11×–0.50× of the floor \| reported \|",
                      glance)
+    assert re.search(r"\| W7 Kafka \| [^|]*same topic \| q1 0.80× \| reported \|", glance)
 
 
 def test_published_figures_live_in_one_module():
@@ -494,3 +506,17 @@ def test_collectives_and_mpi_api_sections_judge_their_targets(tmp_path):
     assert "| 2 | allreduce | 1,048,576 | 300 | 800 | 400 | 0.38× | 0.75× |" in sec
     assert "| refill a reused segment | 38.0 |" in sec
     assert "| 2 | Allreduce | 1,048,576 | 330 | 300 | 1.10× |" in _section(md, "mpi4py programs")
+
+
+def test_keyed_state_check_sets_the_plain_loops_slope_beside_ours(tmp_path):
+    def row(keys: int, rec_s: float, plain: float) -> dict:
+        return {"series": "same density", "backend": "memory", "keys": keys,
+                "records_s": rec_s, "plain_records_s": plain, "rounds": 3}
+    doc = _doc("keys", quick=False, rounds=3,
+               rows=[row(1000, 1_000_000.0, 4_000_000.0), row(1_000_000, 450_000.0, 1_600_000.0)])
+    md = generate(_write(tmp_path, [doc]), tmp_path / "B.md", tmp_path / "plots").read_text()
+    glance = _section(md, "Targets at a glance")
+    # 450,000 / 1,000,000 = 0.45x: missed; the plain loop's 1.6 M / 4 M = 0.40x beside it
+    assert re.search(r"\| Keyed state \| tumbling windows, memory: [^|]* \| 0.450× \(1,000,000 → "
+                     r"450,000 rec/s, medians of 3 rounds; the plain loop: 0.40×\) \| "
+                     r"\*\*missed\*\* \|", glance)

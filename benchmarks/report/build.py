@@ -13,7 +13,7 @@ from rayflow.errors import RayflowError
 from .base import _Ctx, _generic, _machine_line, _Plotter, _table
 from .hpc import _collectives, _mpi_api, _w5, _w6
 from .scaling import _scaling
-from .streams import _w1, _w2, _w3, _w4, _w7, other_checks
+from .streams import _w1, _w2, _w3, _w4, _w7, _w7_kafka, other_checks
 
 
 def _autoscale(doc: dict, ctx: _Ctx) -> list[str]:
@@ -49,6 +49,7 @@ _SPECS = [
     _Spec("W5", "W5 — Cannon's matrix multiplication (Blaze: Spark + MPI)", "cannon", _w5),
     _Spec("W6", "W6 — Conjugate gradient (Blaze: Spark + MPI)", "cg", _w6),
     _Spec("W7", "W7 — Nexmark (Flink 1.13 per-core figures)", "nexmark", _w7),
+    _Spec("W7 Kafka", "W7 — Nexmark through Kafka", "nexmark_kafka", _w7_kafka, optional=True),
     _Spec("Autoscaling", "Autoscaling", "autoscale", _autoscale, optional=True),
     _Spec("Streams + MPI stages", "Streams + MPI stages", "stream_solve", _stream_solve,
           optional=True),
