@@ -171,3 +171,13 @@ def test_q16_counts_per_channel_and_day_over_several_days(ray_session):
     job = flow.run(timeout_s=180)
     assert job.collect("late") == []
     assert QUERIES["q16"].rows(job.collect("out")) == want
+
+
+def test_q13_looks_the_side_table_up_inside_the_source_chain():
+    """q13 is a lookup into its bounded side table (as Flink's lookup join into a file):
+    one input, so every step runs in the source's actor, the bids crossing no channel."""
+    from rayflow.runtime.plan import chains
+
+    flow = nexmark_flow("q13", CONFIG, sink=rf.CollectSink())
+    assert [s.step_id for s in flow.steps if s.kind == "source"] == ["events"]
+    assert set(chains(flow).values()) == {"events"}
