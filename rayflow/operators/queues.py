@@ -84,6 +84,10 @@ class WindowKeys:
         """The end of the window that fires next (inf: none is open)."""
         return self._ends[0][0] if self._ends else math.inf
 
+    def windows(self) -> dict[tuple, list]:
+        """Every open window and its keys, in the order they opened it (not to be changed)."""
+        return self._keys
+
     def drain(self, watermark: float) -> list[tuple[tuple, list]]:
         """``(window, keys)`` of every window that ends at or before ``watermark``, in
         order, each window's keys in the order they opened it; they leave the queue."""
