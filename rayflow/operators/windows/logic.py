@@ -535,19 +535,18 @@ class _SlicedLogic(_TimeLogic):
         if watermark > self.watermark:
             self.watermark = watermark
         slices = self.fired.windows()
-        due: dict[tuple[float, float], list[float]] = {}  # window -> its open slices
+        due: dict[tuple[float, float], list[tuple]] = {}  # window -> its open slices
         for label in slices:
             for window in self._windows_of_slice(label[0]):
                 if fired_through < window[1] <= watermark:
-                    due.setdefault(window, []).append(label[0])
+                    due.setdefault(window, []).append(label)
         out: list = []
         if due:
             state, merge, create, result = self.state, self.merge, self.create, self.result
             new = tuple.__new__
             for window in sorted(due, key=lambda w: (w[1], w[0])):
                 accs: dict = {}
-                for s in sorted(due[window]):
-                    label = (s, s + self.sliding.length_s)
+                for label in sorted(due[window]):
                     keys = slices[label]
                     for key, acc in zip(keys, state.get_many(
                             [("__w", key, label) for key in keys])):
