@@ -245,9 +245,9 @@ def main(quick: bool, keys_opt: str | None, backends: str, rounds: int,
         got = runs[conf(kind, keys, series)]
         rates = [g["records_s"] for g in got]
         out = {f: statistics.median(g[f] for g in got) if got[0][f] is not None else None
-               for f in got[0]}
-        return {**out, "records": got[0]["records"], "records_s_min": min(rates), "records_s_max": max(rates),
-                "rounds": len(got)}
+               for f in got[0] if f != "records"}  # (the same in every round)
+        return {**out, "records": got[0]["records"], "records_s_min": min(rates),
+                "records_s_max": max(rates), "rounds": len(got)}
 
     for series in SERIES:
         for backend in names:

@@ -19,7 +19,7 @@ plain-Python reference for the others. Where Bytewax (the ``peers`` extra) can e
 query with its own operators (q0-q2, q18, q19), it runs the same events in a process of its
 own, one worker, in the same rounds (:mod:`peers_nexmark`). Medians of ``--runs`` runs.
 
-The same queries through Kafka: :mod:`bench_nexmark_kafka` (its runs are defined here).
+The same queries through Kafka: :mod:`bench_nexmark_kafka`.
 
 Memory: the peak of the job's worker processes' resident memory, summed (psutil, sampled
 with the CPU). q5, q8 and q11 (windows and a window join) also run once on events at 10 k
@@ -35,6 +35,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -47,14 +48,7 @@ from report.published import W7_FLINK_PER_CORE as FLINK_PER_CORE  # noqa: E402
 
 import rayflow as rf  # noqa: E402
 from rayflow._raycontext import ensure_ray  # noqa: E402
-from rayflow.nexmark import (  # noqa: E402
-    QUERIES,
-    NexmarkConfig,
-    NexmarkGenerator,
-    decode,
-    fill_kafka,
-    nexmark_flow,
-)
+from rayflow.nexmark import QUERIES, NexmarkConfig, NexmarkGenerator, nexmark_flow  # noqa: E402
 
 # the Flink suite's event-time rate: 10 M events per second of event time
 CONFIG = NexmarkConfig(seed=42, first_event_rate=10_000_000.0)
@@ -138,6 +132,13 @@ def rayflow_run(query: str, n: int, backend: str, parallelism: int = 1,
     reported apart (``start_s``) and not in the per-core figure."""
     flow = nexmark_flow(query, config, n, sink=rf.DiscardSink(), parallelism=parallelism,
                         name=f"nexmark-{query}-{time.time_ns()}")
+    return metered_run(flow, n, backend, guarantee)[0]
+
+
+def metered_run(flow: Any, n: int, backend: str = "memory",
+                guarantee: str = "exactly_once") -> tuple[dict, Any]:
+    """Run ``flow`` (``n`` events) with checkpoints every second: its figures, and the job.
+    The meter starts once the job runs, so start-up is reported apart (``start_s``)."""
     t0 = time.perf_counter()
     job = flow.run(checkpoint={"processing_guarantee": guarantee, "state_backend": backend,
                                "interval_s": 1.0}, background=True)
@@ -146,78 +147,7 @@ def rayflow_run(query: str, n: int, backend: str, parallelism: int = 1,
         job.wait(600)
     return {"start_s": start_s, "wall_s": m.wall_s, "cpu_s": m.cpu_s,
             "cores": m.cpu_s / m.wall_s, "events_s": n / m.wall_s, "per_core": n / m.cpu_s,
-            "peak_rss_mib": m.peak_rss / 2**20}
-
-
-def rayflow_kafka_run(query: str, n: int, bootstrap: str, topic: str) -> dict:
-    """One run reading the pre-filled ``topic`` (``n`` events) to its end."""
-    source = rf.KafkaSource(topic, bootstrap=bootstrap, bounded=True, deserializer=decode)
-    flow = nexmark_flow(query, CONFIG, sink=rf.DiscardSink(), source=source,
-                        name=f"nexmark-{query}-kafka-{time.time_ns()}")
-    t0 = time.perf_counter()
-    job = flow.run(checkpoint={"processing_guarantee": "exactly_once",
-                               "state_backend": "memory", "interval_s": 1.0}, background=True)
-    start_s = time.perf_counter() - t0
-    with CpuMeter() as m:
-        job.wait(600)
-    got = job.metrics()["events"]["records_out"]
-    if got != n:
-        raise RuntimeError(f"{query} through Kafka read {got} events of {n}")
-    return {"start_s": start_s, "wall_s": m.wall_s, "cpu_s": m.cpu_s,
-            "cores": m.cpu_s / m.wall_s, "events_s": n / m.wall_s, "per_core": n / m.cpu_s,
-            "peak_rss_mib": m.peak_rss / 2**20}
-
-
-def plain_kafka_run(query: str, n: int, bootstrap: str, topic: str) -> dict:
-    """The baseline through Kafka: this one process reads the topic with the client rayflow's
-    source uses, decodes each event and runs the query's reference on them."""
-    from _streams import _consumer
-
-    t0, c0 = time.perf_counter(), time.process_time()
-    poll, close = _consumer("confluent", bootstrap, topic)
-    events: list = []
-    deadline = time.monotonic() + 300
-    while len(events) < n:
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"plain {query} through Kafka read {len(events)} events of {n}")
-        events.extend(map(decode, poll()))
-    close()
-    out = len(QUERIES[query].reference(events))
-    cpu = time.process_time() - c0
-    return {"wall_s": time.perf_counter() - t0, "cpu_s": cpu, "per_core": n / cpu,
-            "outputs": out}
-
-
-def kafka_section(names: list[str], n: int, runs: int, bootstrap: str | None) -> list[dict]:
-    """Each query through Kafka beside its plain loop, in interleaved rounds (see
-    :mod:`bench_nexmark_kafka`)."""
-    from _streams import new_topic
-
-    from rayflow.connectors.broker import bootstrap_or_embedded
-
-    rows = []
-    with bootstrap_or_embedded(bootstrap) as bs:
-        topic = new_topic(bs, "nexmark-events")
-        fill_kafka(bs, topic, CONFIG, n)
-        for name in names:
-            mine, plain = [], []
-            for _ in range(runs):
-                plain.append(plain_kafka_run(name, n, bs, topic))
-                mine.append(rayflow_kafka_run(name, n, bs, topic))
-            row = {"query": name, "events": n, "backend": "memory",
-                   "guarantee": "exactly_once", "path": "rows", "source": "kafka",
-                   "client": "confluent", "runs": mine, "plain_runs": plain,
-                   "events_s": median(mine, "events_s"), "cores": median(mine, "cores"),
-                   "per_core": median(mine, "per_core"),
-                   "peak_rss_mib": median(mine, "peak_rss_mib"),
-                   "plain_per_core": median(plain, "per_core"),
-                   "flink_per_core": FLINK_PER_CORE.get(name)}
-            row["vs_plain"] = ratio(row["per_core"], row["plain_per_core"])
-            row["vs_flink"] = ratio(row["per_core"], row["flink_per_core"])
-            rows.append(row)
-            print(f"{name} through Kafka: {row['per_core']:,.0f} events/s per core "
-                  f"(plain loop {row['plain_per_core']:,.0f})", flush=True)
-    return rows
+            "peak_rss_mib": m.peak_rss / 2**20}, job
 
 
 def plain_run(query: str, n: int) -> dict:

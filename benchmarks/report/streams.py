@@ -424,8 +424,13 @@ def _find_number(doc: dict, word: str) -> float | None:
 
 # -- W7 -----------------------------------------------------------------------------------------
 
+def _w7_flink(doc: dict) -> dict:
+    """Flink's published per-core figures, as the result recorded them where it did."""
+    return {**published.W7_FLINK_PER_CORE, **(doc.get("flink_per_core") or {})}
+
+
 def _w7(doc: dict, ctx: _Ctx) -> list[str]:
-    flink = {**published.W7_FLINK_PER_CORE, **(doc.get("flink_per_core") or {})}
+    flink = _w7_flink(doc)
     rows = doc["rows"]
     lines = ["Nexmark queries behind a generator source (events made inside the job, as Flink's "
              "Nexmark source makes them), parallelism 1, exactly-once checkpoints every second, "
@@ -534,8 +539,7 @@ def _w7_long(doc: dict, ctx: _Ctx) -> list[str]:
 
 def _w7_kafka(doc: dict, ctx: _Ctx) -> list[str]:
     """The queries through Kafka, beside a plain loop reading the same topic."""
-    rows = doc["rows"]
-    flink = {**published.W7_FLINK_PER_CORE, **(doc.get("flink_per_core") or {})}
+    rows, flink = doc["rows"], _w7_flink(doc)
     floor = [(r["query"], _ratio(r["per_core"], r.get("plain_per_core"))) for r in rows]
     floor = [(q, x) for q, x in floor if x is not None]
     if floor:
