@@ -157,6 +157,48 @@ def test_ray_job_submit_runs_every_job(head, kafka_broker, name):
     print(f"ray job submit {name}: {time.time() - t0:.1f} s")
 
 
+# An unmodified mpi4py program on a cluster: from outside it by address (a laptop's case) and
+# inside a job under the plain `ray job submit`, with the ranks' output checked.
+CPI = "tests/hpc/mpi_programs/cpi.py"
+
+
+def _cpi_pi(out: str) -> float:
+    lines = [ln for ln in out.splitlines() if "[0] pi " in ln]
+    assert len(lines) == 1, out[-3000:]
+    return float(lines[0].split()[-1])
+
+
+def _cpi_reference(n: int) -> float:
+    h = 1.0 / n
+    return h * sum(4.0 / (1.0 + (h * (i + 0.5)) ** 2) for i in range(n))
+
+
+@pytest.mark.slow
+def test_rayflow_mpirun_against_a_cluster_by_address(head):
+    env = {**os.environ, "RAY_AUTH_MODE": "token"}
+    proc = subprocess.run([sys.executable, "-m", "rayflow", "mpirun", "-n", "3", "--address",
+                           head.address, "--rank-cpus", "0.5", "--", "python", CPI, "3000"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-3000:]
+    assert _cpi_pi(proc.stdout) == pytest.approx(_cpi_reference(3000), rel=1e-14)
+
+
+@pytest.mark.slow
+def test_rayflow_mpirun_under_ray_job_submit(head):
+    ray_cli = str(Path(sys.executable).with_name("ray"))
+    env = {**os.environ, "RAY_AUTH_MODE": "token"}
+    proc = subprocess.run([ray_cli, "job", "submit", "--address", head.dashboard_url,
+                           "--working-dir", str(ROOT), "--", "python", "-m", "rayflow", "mpirun",
+                           "-n", "2", "--address", "auto", "--rank-cpus", "0.5", "--", "python",
+                           CPI, "2000"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-3000:]
+    assert "succeeded" in out
+    assert _cpi_pi(proc.stdout) == pytest.approx(_cpi_reference(2000), rel=1e-14)
+
+
 # -- without a cluster: the connection check, log following and Ctrl-C ------------------------
 @pytest.fixture
 def silent_port():
