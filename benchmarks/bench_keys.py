@@ -145,7 +145,7 @@ def run_rayflow(backend: str, keys: int, per_key: int, windows: int) -> dict:
             t_probe = time.perf_counter()
             peak = _uss() - base
             if backend == "rocksdb":
-                logic.state.db.flush()
+                logic.state.flush()
                 disk = _dir_bytes(tmp)
             t0 += time.perf_counter() - t_probe  # the probe is not processing time
     out = logic.on_end()

@@ -17,7 +17,8 @@ CPU seconds / wall seconds. The plain baseline (the COST floor) makes the same e
 runs the query in this one process: the Arrow function for the stateless queries, the
 plain-Python reference for the others. Where Bytewax (the ``peers`` extra) can express the
 query with its own operators (q0-q2, q18, q19), it runs the same events in a process of its
-own, one worker, in the same rounds (:mod:`peers_nexmark`). Medians of ``--runs`` runs.
+own, one worker (:mod:`peers_nexmark`). Medians of ``--runs`` interleaved rounds: each
+round runs the plain loop, Bytewax and every configuration of the query once.
 
 The same queries through Kafka: :mod:`bench_nexmark_kafka`.
 
@@ -192,14 +193,24 @@ def main(quick: bool, runs: int, queries: str, events: int | None, long_queries:
     for name in names:
         q = QUERIES[name]
         n = events or sizes["stateless" if q.columnar else "stateful"]
-        plain = [plain_run(name, n) for _ in range(runs)]
-        bytewax = [peers_nexmark.bytewax_run(name, n) for _ in range(runs)] \
-            if name in peers_nexmark.QUERIES and peers_nexmark.available() else []
         configs = [("memory", "exactly_once")] + (
             [("rocksdb", "exactly_once"), ("memory", "at_least_once")] if name in STATEFUL
             else [])
+        with_bytewax = name in peers_nexmark.QUERIES and peers_nexmark.available()
+        # interleaved rounds (the plain loop, Bytewax, each configuration once a round): a
+        # slow spell of the machine falls on every system alike, not on the one then running
+        plain: list[dict] = []
+        bytewax: list[dict] = []
+        config_runs: dict[tuple[str, str], list[dict]] = {c: [] for c in configs}
+        for _ in range(runs):
+            plain.append(plain_run(name, n))
+            if with_bytewax:
+                bytewax.append(peers_nexmark.bytewax_run(name, n))
+            for backend, guarantee in configs:
+                config_runs[backend, guarantee].append(
+                    rayflow_run(name, n, backend, guarantee=guarantee))
         for backend, guarantee in configs:
-            runs_ = [rayflow_run(name, n, backend, guarantee=guarantee) for _ in range(runs)]
+            runs_ = config_runs[backend, guarantee]
             row = {"query": name, "events": n, "backend": backend,
                    "guarantee": guarantee, "path": "arrow" if q.columnar else "rows",
                    "runs": runs_, "plain_runs": plain,

@@ -296,6 +296,10 @@ class CheckpointOptions(BaseModel):
     state_dir: str | None = Field(
         None, description="snapshot directory of the filesystem backend (required) and the "
         "rocksdb one (null: a temporary directory); on a cluster, storage every node sees")
+    rocksdb_cache_entries: int = Field(
+        65_536, ge=0, description="state entries of each rocksdb step instance kept in memory "
+        "between batches (recently read or written; writes reach RocksDB at each snapshot, "
+        "keys beyond a full cache go to RocksDB at once); 0: none")
     max_restarts: int = Field(3, ge=0, description="recoveries from Ray failures before the "
                               "job fails")
     failover_strategy: Literal["region", "full"] = Field(

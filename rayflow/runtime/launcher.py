@@ -16,7 +16,7 @@ import uuid
 from collections import Counter, defaultdict
 from typing import Any
 
-from rayflow.config import RayflowConfig
+from rayflow.config import CheckpointOptions, RayflowConfig
 from rayflow.core.operators import Rescaled, StepContext, describe_exception
 from rayflow.dataflow import Dataflow
 from rayflow.errors import START_UP, StepError
@@ -77,13 +77,11 @@ class Launcher:
         from rayflow.runtime.coordinator import SplitClient
         from rayflow.runtime.host import StepHost
         from rayflow.runtime.inflight import replay, state_of
-        from rayflow.state import backend_from_name
-
         # channels: some step runs in an actor of its own, fed by others (not all chained)
         channels = any(self.chains[s.step_id] == s.step_id and s.kind != "source"
                        for s in self.flow.steps)
         opts, chk = self.config.job_stream(channels), self.config.checkpoint
-        backend = backend_from_name(chk.state_backend, chk.state_dir)
+        backend = backend_of(chk)
         steps = {s.step_id: s for s in self.flow.steps}
         checkpointed = latest.handles if latest is not None else {}
         handles_in = {k: state_of(h) for k, h in checkpointed.items()}
@@ -274,6 +272,14 @@ class Launcher:
         kill(actors)
         self.hosts.clear()
         self._runs = {}
+
+
+def backend_of(checkpoint: CheckpointOptions) -> Any:
+    """The state backend the ``checkpoint`` settings name, with their options."""
+    from rayflow.state import backend_from_name
+
+    return backend_from_name(checkpoint.state_backend, checkpoint.state_dir,
+                             rocksdb_cache_entries=checkpoint.rocksdb_cache_entries)
 
 
 def _spread_nodes() -> list[str]:

@@ -411,15 +411,14 @@ def test_closed_sessions_leave_no_state_even_in_rocksdb(tmp_path, n):
                      clock=EventTime(timestamp=lambda r: r[1])).build(ctx)
     for lo in range(0, n, 10_000):
         logic.process([(f"user{i}", float(i // 1000)) for i in range(lo, lo + 10_000)], None)
-    db = logic.state.db
-    db.flush()
+    logic.state.flush()  # the cache's entries and the memtable into RocksDB's files
     full = du(logic.state.path)
     assert len(logic.state) == n
     fired = logic.on_watermark(n / 1000 + 1.0).items
     assert len(fired) == n and all(r.value == 1 for r in fired)
     assert len(logic.state) == 0
-    db.flush()
-    db.compact_range(None, None)
+    logic.state.flush()
+    logic.state.db.compact_range(None, None)
     empty = du(logic.state.path)
     print(f"RocksDB directory: {full / 1e6:.2f} MB with {n} open sessions, "
           f"{empty / 1e6:.2f} MB after they closed")

@@ -5,12 +5,18 @@ import pytest
 from rayflow.state import FsBackend, MemoryBackend, RocksDBBackend, backend_from_name
 
 
-@pytest.fixture(params=["memory", "filesystem", "rocksdb", "rocksdb-no-bloom"])
+@pytest.fixture(params=["memory", "filesystem", "rocksdb", "rocksdb-no-bloom",
+                        "rocksdb-no-cache", "rocksdb-small-cache"])
 def backend(request, tmp_path):
     if request.param.startswith("rocksdb"):
         pytest.importorskip("rocksdict")
+    where = str(tmp_path / request.param)
     if request.param == "rocksdb-no-bloom":
-        return RocksDBBackend(str(tmp_path / request.param), bloom_bits=0)
+        return RocksDBBackend(where, bloom_bits=0)
+    if request.param == "rocksdb-no-cache":
+        return RocksDBBackend(where, cache_entries=0)
+    if request.param == "rocksdb-small-cache":  # smaller than most batches: it fills and empties
+        return RocksDBBackend(where, cache_entries=7)
     return backend_from_name(request.param, str(tmp_path / request.param))
 
 
@@ -52,6 +58,50 @@ def test_backend_names_and_errors(tmp_path):
         backend_from_name("filesystem")
     with pytest.raises(ValueError, match="unknown state backend 'x'"):
         backend_from_name("x")
+
+
+def test_rocksdb_options_are_checked(tmp_path):
+    pytest.importorskip("rocksdict")
+    for bad in (-1, 1.5, True, "8"):
+        with pytest.raises(ValueError, match="cache_entries must be an int >= 0"):
+            RocksDBBackend(str(tmp_path), cache_entries=bad)
+    with pytest.raises(ValueError, match="bloom_bits must be an int >= 0"):
+        RocksDBBackend(str(tmp_path), bloom_bits=-2)
+
+
+def test_rocksdb_cache_stays_bounded_and_writes_reach_rocksdb_at_a_snapshot(tmp_path):
+    """The cache keeps at most ``cache_entries`` entries: writes to cached keys reach the
+    database at a snapshot (deletes included), keys beyond a full cache go to it at once,
+    and a snapshot empties a full cache so that it fills again."""
+    pytest.importorskip("rocksdict")
+    import pickle
+
+    def in_db(st):
+        return {pickle.loads(k): v for k, v in st.db.items()}
+
+    be = RocksDBBackend(str(tmp_path), cache_entries=100)
+    s = be.open("step", 0, "job")
+    for i in range(100):
+        s.put(i, i)
+    assert in_db(s) == {} and s.get(7) == 7  # all cached, none written yet
+    for i in range(100, 1000):
+        s.put(i, i)
+        assert s.get(i - 50) == i - 50
+        assert len(s._cache) <= 100
+    s.put_many({i: -i for i in range(50)})
+    s.delete(999)
+    assert s.pop_many([5, 998, 5]) == [-5, 998, None]
+    assert in_db(s) == {i: i for i in range(100, 998)}  # the cached keys: not yet
+    h = s.snapshot(1)
+    want = {i: (-i if i < 50 else i) for i in range(998) if i != 5}
+    assert in_db(s) == want and len(s._cache) == 0
+    s.put(2000, "x")
+    assert len(s._cache) == 1 and 2000 not in in_db(s)
+    r = be.open("step", 0, "job", h)
+    assert dict(r.items()) == want
+    assert r.get_many([5, 6, 2000]) == [None, -6, None]
+    for st in (s, r):
+        st.close()
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -142,3 +192,20 @@ def test_memory_snapshot_is_full_once_most_keys_changed():
     again = s.snapshot(4)
     assert not isinstance(again, bytes) and again.depth == 1
     assert dict(MemoryBackend().open("step", 0, "job", again).items()) == {**want, 5: "x"}
+
+
+def test_the_checkpoint_settings_choose_the_backend_and_its_cache(tmp_path):
+    pytest.importorskip("rocksdict")
+    from rayflow.config import CheckpointOptions, ConfigError, load_config
+    from rayflow.runtime.launcher import backend_of
+
+    assert backend_of(CheckpointOptions(state_backend="rocksdb")) == RocksDBBackend(
+        None, cache_entries=65_536)
+    got = backend_of(CheckpointOptions(state_backend="rocksdb", state_dir=str(tmp_path),
+                                       rocksdb_cache_entries=0))
+    assert got == RocksDBBackend(str(tmp_path), cache_entries=0)
+    assert backend_of(CheckpointOptions()) == MemoryBackend()
+    assert load_config(checkpoint={"rocksdb_cache_entries": 5}).checkpoint \
+        .rocksdb_cache_entries == 5
+    with pytest.raises(ConfigError, match="rocksdb_cache_entries"):
+        load_config(checkpoint={"rocksdb_cache_entries": -1})

@@ -540,23 +540,34 @@ class _SlicedLogic(_TimeLogic):
             for window in self._windows_of_slice(label[0]):
                 if fired_through < window[1] <= watermark:
                     due.setdefault(window, []).append(label)
+        # each slice is read once per firing, however many of its windows fire: a jump of
+        # the watermark (the end of the input, a source back from idle) fires them together.
+        # A slice whose every window has now fired leaves the queue and the state in the
+        # same read (a pop).
+        state = self.state
+        needed = {label for labels in due.values() for label in labels}
+        kept = {label: slices[label] for label in needed}  # (draining removes them)
+        read: dict[tuple, tuple[list, list]] = {}
+        for label, keys in self.fired.drain(watermark):
+            popped = state.pop_many([("__w", key, label) for key in keys])
+            if label in needed:
+                read[label] = (keys, popped)
+        for label, keys in kept.items():
+            if label not in read:
+                read[label] = (keys, state.get_many([("__w", key, label) for key in keys]))
         out: list = []
         if due:
-            state, merge, create, result = self.state, self.merge, self.create, self.result
+            merge, create, result = self.merge, self.create, self.result
             new = tuple.__new__
             for window in sorted(due, key=lambda w: (w[1], w[0])):
                 accs: dict = {}
                 for label in sorted(due[window]):
-                    keys = slices[label]
-                    for key, acc in zip(keys, state.get_many(
-                            [("__w", key, label) for key in keys])):
+                    for key, acc in zip(*read[label]):
                         if acc is not None:
                             # into a fresh accumulator: a merge may change its first argument
                             accs[key] = merge(accs[key] if key in accs else create(), acc)
                 start, end = window
                 out += [new(WindowResult, (key, start, end, acc if result is None
                                            else result(acc))) for key, acc in accs.items()]
-        for label, keys in self.fired.drain(watermark):  # every window of theirs has fired
-            self.state.pop_many([("__w", key, label) for key in keys])
         return Output(out, result_times(out)) if out else Output([], None)
 
