@@ -509,14 +509,18 @@ def test_collectives_and_mpi_api_sections_judge_their_targets(tmp_path):
 
 
 def test_keyed_state_check_sets_the_plain_loops_slope_beside_ours(tmp_path):
-    def row(keys: int, rec_s: float, plain: float) -> dict:
-        return {"series": "same density", "backend": "memory", "keys": keys,
+    def row(keys: int, rec_s: float, plain: float, backend: str = "memory") -> dict:
+        return {"series": "same density", "backend": backend, "keys": keys,
                 "records_s": rec_s, "plain_records_s": plain, "rounds": 3}
     doc = _doc("keys", quick=False, rounds=3,
-               rows=[row(1000, 1_000_000.0, 4_000_000.0), row(1_000_000, 450_000.0, 1_600_000.0)])
+               rows=[row(1000, 1_000_000.0, 4_000_000.0), row(1_000_000, 450_000.0, 1_600_000.0),
+                     row(1000, 200_000.0, 4_000_000.0, "rocksdb-nocache"),
+                     row(1_000_000, 120_000.0, 1_600_000.0, "rocksdb-nocache")])
     md = generate(_write(tmp_path, [doc]), tmp_path / "B.md", tmp_path / "plots").read_text()
     glance = _section(md, "Targets at a glance")
     # 450,000 / 1,000,000 = 0.45x: missed; the plain loop's 1.6 M / 4 M = 0.40x beside it
     assert re.search(r"\| Keyed state \| tumbling windows, memory: [^|]* \| 0.450× \(1,000,000 → "
                      r"450,000 rec/s, medians of 3 rounds; the plain loop: 0.40×\) \| "
                      r"\*\*missed\*\* \|", glance)
+    assert re.search(r"\| Keyed state \| tumbling windows, rocksdb, cache off: [^|]* \| 0.600× "
+                     r"\(200,000 → 120,000 rec/s, [^|]*\) \| met \|", glance)

@@ -309,7 +309,9 @@ class _RocksState(KeyValueState):
 
     The cache holds up to ``cache_entries`` entries as Python objects. A read of a cached
     key is a dict lookup, and a write to one stays in the cache: RocksDB gets the entries
-    written since the last write-out in one write batch, at a snapshot or an iteration. A
+    written since the last write-out in one write batch, at a snapshot or an iteration.
+    Deletes go to RocksDB at once, and a deleted key leaves the cache (a fired window's
+    keys are not read again). A
     hot key of a stream (an auction with many bids) is then read from RocksDB once and
     written once per checkpoint, not once per batch, as Flink SQL's mini-batch aggregation
     spares the RocksDB backend. Keys read or written while the cache is full go to RocksDB
@@ -434,7 +436,7 @@ class _RocksState(KeyValueState):
         if not keys:
             return []
         values = self.get_many(keys)
-        cache, batch, direct = self._cache, WriteBatch(), False
+        cache, dirty, batch, direct = self._cache, self._dirty, WriteBatch(), False
         seen: set = set()
         out = []
         for k, v in zip(keys, values):
@@ -443,11 +445,15 @@ class _RocksState(KeyValueState):
                 continue
             seen.add(k)
             out.append(v)
-            if k in cache:
-                if v is not None or k in self._dirty:
-                    cache[k] = None
-                    self._dirty.add(k)
-            elif v is not None:
+            # a popped key leaves the cache (a window's keys are not read again once it
+            # has fired): the delete goes to RocksDB in this call's write batch
+            cached = cache.pop(k, _ABSENT)
+            if cached is _ABSENT:  # read from RocksDB just now
+                gone = v is not None
+            else:  # a cached None is known to be absent, unless its delete is pending
+                gone = cached is not None or k in dirty
+                dirty.discard(k)
+            if gone:
                 batch.delete(pickle.dumps(k))
                 direct = True
         if direct:
@@ -496,9 +502,11 @@ class RocksDBBackend(StateBackend):
     microseconds a read).
 
     ``cache_entries``: state entries kept in memory as Python objects between batches
-    (recently read or written), 0 for none. Writes reach RocksDB at each snapshot, or when
-    the cache is full (it is then emptied), in one write batch; a key read and written by
-    every batch costs a RocksDB read and write per checkpoint, not per batch."""
+    (recently read or written), 0 for none. Writes to cached keys reach RocksDB at each
+    snapshot, in one write batch, so a key read and written by every batch costs a RocksDB
+    read and write per checkpoint, not per batch. Keys beyond a full cache go to RocksDB at
+    once, and a snapshot empties a full cache. The bound is a count: with large values (a
+    join's buffered records per key) a smaller cache keeps memory down."""
 
     directory: str | None = None
     bloom_bits: int = 10

@@ -71,8 +71,8 @@ def test_rocksdb_options_are_checked(tmp_path):
 
 def test_rocksdb_cache_stays_bounded_and_writes_reach_rocksdb_at_a_snapshot(tmp_path):
     """The cache keeps at most ``cache_entries`` entries: writes to cached keys reach the
-    database at a snapshot (deletes included), keys beyond a full cache go to it at once,
-    and a snapshot empties a full cache so that it fills again."""
+    database at a snapshot, keys beyond a full cache and deletes go to it at once (a popped
+    key leaves the cache), and a snapshot empties a full cache so that it fills again."""
     pytest.importorskip("rocksdict")
     import pickle
 
@@ -92,11 +92,14 @@ def test_rocksdb_cache_stays_bounded_and_writes_reach_rocksdb_at_a_snapshot(tmp_
     s.delete(999)
     assert s.pop_many([5, 998, 5]) == [-5, 998, None]
     assert in_db(s) == {i: i for i in range(100, 998)}  # the cached keys: not yet
+    assert len(s._cache) == 99  # a popped key leaves the cache
     h = s.snapshot(1)
     want = {i: (-i if i < 50 else i) for i in range(998) if i != 5}
-    assert in_db(s) == want and len(s._cache) == 0
-    s.put(2000, "x")
-    assert len(s._cache) == 1 and 2000 not in in_db(s)
+    assert in_db(s) == want and len(s._cache) == 99  # (not full: kept)
+    s.put_many([(2000, "x"), (2001, "y")])  # one more fits; the next goes to RocksDB
+    assert len(s._cache) == 100 and 2000 not in in_db(s) and in_db(s)[2001] == "y"
+    s.snapshot(2)
+    assert in_db(s)[2000] == "x" and len(s._cache) == 0  # full: emptied, to fill again
     r = be.open("step", 0, "job", h)
     assert dict(r.items()) == want
     assert r.get_many([5, 6, 2000]) == [None, -6, None]
