@@ -360,15 +360,18 @@ class _RocksState(KeyValueState):
             return
         from rocksdict import WriteBatch
 
-        batch, cache = WriteBatch(), self._cache
+        batch, cache, deleted = WriteBatch(), self._cache, []
         for k in self._dirty:
             v = cache[k]
             if v is None:
                 batch.delete(pickle.dumps(k))
+                deleted.append(k)
             else:
                 batch.put(pickle.dumps(k), v)
         self.db.write(batch)
         self._dirty = set()
+        for k in deleted:  # written: their entries make room
+            del cache[k]
 
     def flush(self) -> None:
         """:meth:`write_out`, then RocksDB's memtable to its files (for measuring them)."""
@@ -390,7 +393,12 @@ class _RocksState(KeyValueState):
         return default if value is None else value
 
     def put(self, key, value):
-        self.put_many(((key, value),))
+        cache = self._cache
+        if key in cache or len(cache) < self.cache_entries:
+            cache[key] = value
+            self._dirty.add(key)
+        else:  # the cache is full: straight to RocksDB
+            self.db[pickle.dumps(key)] = value
 
     def get_many(self, keys):  # the cache, then one multi-get of the rest
         if not keys:
@@ -416,7 +424,7 @@ class _RocksState(KeyValueState):
         from rocksdict import WriteBatch
 
         items = pairs.items() if isinstance(pairs, dict) else pairs
-        cache, dirty, batch, direct = self._cache, self._dirty, WriteBatch(), False
+        cache, dirty, batch = self._cache, self._dirty, None
         room = self.cache_entries - len(cache)
         for k, v in items:
             if k in cache or room > 0:
@@ -425,9 +433,10 @@ class _RocksState(KeyValueState):
                 cache[k] = v
                 dirty.add(k)
             else:  # the cache is full: straight to RocksDB
+                if batch is None:
+                    batch = WriteBatch()
                 batch.put(pickle.dumps(k), v)
-                direct = True
-        if direct:
+        if batch is not None:
             self.db.write(batch)
 
     def pop_many(self, keys):  # one read (cache, multi-get), the deletes in one write batch
@@ -461,10 +470,23 @@ class _RocksState(KeyValueState):
         return out
 
     def pop(self, key):
-        return self.pop_many([key])[0]
+        value = self.get(key)
+        self.delete(key)
+        return value
 
     def delete(self, key):
-        self.pop_many([key])
+        """One key: a pending delete in the cache where there is room (written out with
+        the writes), else at once."""
+        cache = self._cache
+        if key in cache:
+            if cache[key] is not None or key in self._dirty:
+                cache[key] = None
+                self._dirty.add(key)
+        elif len(cache) < self.cache_entries:
+            cache[key] = None
+            self._dirty.add(key)
+        else:
+            del self.db[pickle.dumps(key)]
 
     def items(self):
         self.write_out()
