@@ -14,7 +14,7 @@ import logging
 import time
 import uuid
 from collections import Counter, defaultdict
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rayflow.config import CheckpointOptions, RayflowConfig
 from rayflow.core.operators import Rescaled, StepContext, describe_exception
@@ -23,6 +23,9 @@ from rayflow.errors import START_UP, StepError
 from rayflow.operators.watermarks import split_position
 from rayflow.runtime.channel import unwrap
 from rayflow.runtime.plan import chains, make_plan
+
+if TYPE_CHECKING:
+    from rayflow.state import StateBackend
 
 EXIT_GRACE_S = 10.0  # a job that ended well: how long its actors may take to exit by themselves
 log = logging.getLogger(__name__)
@@ -77,6 +80,7 @@ class Launcher:
         from rayflow.runtime.coordinator import SplitClient
         from rayflow.runtime.host import StepHost
         from rayflow.runtime.inflight import replay, state_of
+
         # channels: some step runs in an actor of its own, fed by others (not all chained)
         channels = any(self.chains[s.step_id] == s.step_id and s.kind != "source"
                        for s in self.flow.steps)
@@ -274,7 +278,7 @@ class Launcher:
         self._runs = {}
 
 
-def backend_of(checkpoint: CheckpointOptions) -> Any:
+def backend_of(checkpoint: CheckpointOptions) -> StateBackend:
     """The state backend the ``checkpoint`` settings name, with their options."""
     from rayflow.state import backend_from_name
 

@@ -309,12 +309,13 @@ class _RocksState(KeyValueState):
 
     The cache holds up to ``cache_entries`` entries as Python objects. A read of a cached
     key is a dict lookup, and a write to one stays in the cache: RocksDB gets the entries
-    written since the last write-out in one write batch, at a snapshot or an iteration.
-    Deletes go to RocksDB at once, and a deleted key leaves the cache (a fired window's
-    keys are not read again). A
+    written since the last write-out in one write batch, at a snapshot or an iteration. A
     hot key of a stream (an auction with many bids) is then read from RocksDB once and
     written once per checkpoint, not once per batch, as Flink SQL's mini-batch aggregation
-    spares the RocksDB backend. Keys read or written while the cache is full go to RocksDB
+    spares the RocksDB backend. A batch of pops (a window firing) deletes in RocksDB at
+    once, in one write batch, and its keys leave the cache (a fired window's keys are not
+    read again); a single delete waits in the cache like a write and frees its entry once
+    written out. Keys read or written while the cache is full go to RocksDB
     directly, so state far larger than the cache, read at random, costs what it costs
     without the cache; after a snapshot a full cache is emptied, to fill again with the
     keys in use then. ``cache_entries=0`` reads and writes RocksDB on every call. As with
