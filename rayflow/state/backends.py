@@ -446,7 +446,7 @@ class _RocksState(KeyValueState):
         if not keys:
             return []
         values = self.get_many(keys)
-        cache, dirty, batch, direct = self._cache, self._dirty, WriteBatch(), False
+        cache, dirty, batch = self._cache, self._dirty, None
         seen: set = set()
         out = []
         for k, v in zip(keys, values):
@@ -464,9 +464,10 @@ class _RocksState(KeyValueState):
                 gone = cached is not None or k in dirty
                 dirty.discard(k)
             if gone:
+                if batch is None:
+                    batch = WriteBatch()
                 batch.delete(pickle.dumps(k))
-                direct = True
-        if direct:
+        if batch is not None:
             self.db.write(batch)
         return out
 
@@ -549,9 +550,9 @@ class RocksDBBackend(StateBackend):
 
 
 def backend_from_name(name: str, directory: str | None = None, *,
-                      rocksdb_cache_entries: int = 65_536) -> StateBackend:
+                      rocksdb_cache_entries: int | None = None) -> StateBackend:
     """``memory``, ``filesystem`` (needs ``directory``) or ``rocksdb`` (with a cache of
-    ``rocksdb_cache_entries``)."""
+    ``rocksdb_cache_entries``; None: :class:`RocksDBBackend`'s default)."""
     if name == "memory":
         return MemoryBackend()
     if name in ("filesystem", "fs"):
@@ -559,5 +560,7 @@ def backend_from_name(name: str, directory: str | None = None, *,
             raise ValueError("the filesystem state backend needs a directory")
         return FsBackend(directory)
     if name == "rocksdb":
+        if rocksdb_cache_entries is None:
+            return RocksDBBackend(directory)
         return RocksDBBackend(directory, cache_entries=rocksdb_cache_entries)
     raise ValueError(f"unknown state backend {name!r}: use memory, filesystem or rocksdb")
