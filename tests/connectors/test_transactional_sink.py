@@ -12,6 +12,7 @@ from kafka import KafkaConsumer, TopicPartition
 import rayflow as rf
 from rayflow.connectors.kafka.transactional import (
     EPOCH_HEADER,
+    PackedEpoch,
     TransactionalState,
     pack_epoch,
     unpack_epoch,
@@ -58,22 +59,30 @@ def _batch(epoch, n):
     return [f"e{epoch}-{i:04d}".encode() for i in range(n)]
 
 
-def test_an_epoch_is_pickled_once_and_its_size_is_what_the_checkpoint_added(
+def test_an_epoch_is_packed_once_and_its_size_is_what_the_checkpoint_added(
         kafka_broker, new_topic):
+    """An epoch's records go into the checkpoint as numpy arrays (sent out of band, with no
+    record pickled), packed once: a later checkpoint carries the same object."""
     topic = new_topic(1)
     w = _writer(kafka_broker, topic)
     try:
         w.write(_batch(1, 100), None, 0.0)
         first = w.snapshot(1)
         assert isinstance(first, TransactionalState)
-        blob = first.pending[1]["parts"]
-        assert isinstance(blob, np.ndarray) and first.checkpoint_bytes == len(blob)
-        assert unpack_epoch(blob) == [(_batch(1, 100), None)]
+        epoch = first.pending[1]["parts"]
+        assert isinstance(epoch, PackedEpoch)
+        assert all(isinstance(a, np.ndarray) for v, _ in epoch.batches for a in v)
+        assert first.checkpoint_bytes == epoch.nbytes == 100 * 7 + 100 * 8  # values, lengths
+        assert unpack_epoch(epoch) == [(_batch(1, 100), None)]
+        # as the checkpoint store keeps it
+        assert unpack_epoch(pickle.loads(pickle.dumps(first)).pending[1]["parts"]) == \
+            [(_batch(1, 100), None)]
         w.write(_batch(2, 50), None, 0.0)
-        second = w.snapshot(2)  # epoch 1 not committed yet: carried, the same bytes
-        assert second.pending[1]["parts"] is blob
-        assert second.checkpoint_bytes == len(second.pending[2]["parts"])
+        second = w.snapshot(2)  # epoch 1 not committed yet: carried, the same object
+        assert second.pending[1]["parts"] is epoch
+        assert second.checkpoint_bytes == second.pending[2]["parts"].nbytes
         assert w.snapshot(3).checkpoint_bytes == 0  # nothing new
+        assert w.uncommitted_bytes() == epoch.nbytes + second.checkpoint_bytes
         w.commit(2)
         assert w.pending == {} and w.uncommitted_bytes() == 0
         got = _committed(kafka_broker.bootstrap, topic, 150)
@@ -161,12 +170,27 @@ def test_a_checkpoint_of_the_earlier_format_still_restores(kafka_broker, new_top
 
 
 def test_an_epoch_packs_and_unpacks_to_the_records_it_held():
-    """Bytes values and keys go as one joined blob each; str values, None keys and empty
-    batches come back as they were; a blob of the earlier format (the lists pickled)
-    unpacks too."""
+    """Bytes values and keys go as one joined array each; str values, None keys and empty
+    batches come back as they were; the blobs of the earlier formats (packed batches
+    pickled, as bytes or in an array; the lists pickled) unpack too."""
+    from array import array
+
     parts = [(_batch(1, 5), [b"k%d" % i for i in range(5)]), ([], None),
              (["text", "more"], [None, b"k"]), ([b"", b"x" * 70_000], None)]
     assert unpack_epoch(pack_epoch(parts)) == parts
+    assert unpack_epoch(pickle.loads(pickle.dumps(pack_epoch(parts)))) == parts
+    assert pack_epoch(parts).nbytes == (35 + 5 * 8) + (10 + 5 * 8) + 0 + 8 + 1 + \
+        (70_000 + 2 * 8)  # str values and keys with None: their lengths
+
+    def earlier(items):
+        try:
+            return b"".join(items), array("q", map(len, items))
+        except TypeError:
+            return items
+
+    blob = pickle.dumps([(earlier(v), None if k is None else earlier(k)) for v, k in parts])
+    assert unpack_epoch(blob) == parts
+    assert unpack_epoch(np.frombuffer(blob, dtype=np.uint8)) == parts
     assert unpack_epoch(pickle.dumps(parts)) == parts
 
 

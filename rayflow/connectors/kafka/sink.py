@@ -50,7 +50,7 @@ class KafkaSink(SinkSpec):
             then for their transaction). Past it, writes wait while a commit runs, so a
             broker or client slower than the pipeline backpressures it instead of growing
             memory. Default 64 MiB. An instance holds a pre-committed epoch twice, as
-            written (what its commit sends) and pickled (its checkpoint), so its memory for
+            written (what its commit sends) and packed (its checkpoint), so its memory for
             them is up to about twice this.
         transactional_id_prefix: exactly-once: transactional ids are
             ``{prefix}-{step_id}-{instance}`` (default prefix ``rayflow-{job name}``). Give

@@ -10,7 +10,6 @@ import pickle
 import tempfile
 import threading
 import time
-from array import array
 from dataclasses import dataclass, field
 from itertools import accumulate
 from typing import Any
@@ -47,25 +46,28 @@ def commit_lock(bootstrap: str) -> FileLock:
                     timeout=SERIAL_COMMIT_TIMEOUT_S)
 
 
-def _join(items: list) -> tuple[bytes, array] | list:
-    """A list of bytes as one bytes object and their lengths, which pickle in a copy, not an
-    object per record (the writer joins each batch as it comes, so a barrier pickles a few
-    blobs: the sink's barrier then took 10-50 ms, against 70-180 ms for pickling an epoch's
-    140,000 records, on the 2-core VM under load); any other list (str values, None keys)
-    as it is."""
+def _join(items: list) -> tuple[np.ndarray, np.ndarray] | list:
+    """A list of bytes as one numpy array of uint8 and their lengths (int64): an epoch of
+    such arrays goes to the checkpoint coordinator out of band, in one copy, with no record
+    pickled (a pickle of the epoch's blobs cost the sink's barrier 30-50 ms per 16 MB
+    epoch under load on the 2-core VM); any other list (str values, None keys) as it is."""
     try:
-        return b"".join(items), array("q", map(len, items))
+        blob = b"".join(items)
     except TypeError:
         return items
+    return (np.frombuffer(blob, dtype=np.uint8),
+            np.fromiter(map(len, items), dtype=np.int64, count=len(items)))
 
 
-def _split(packed: tuple[bytes, array] | list) -> list:
-    """The list :func:`_join` packed."""
+def _split(packed: tuple | list) -> list:
+    """The list :func:`_join` packed (or a blob and lengths of the earlier format: bytes and
+    an ``array``)."""
     if isinstance(packed, list):
         return packed
     blob, lengths = packed
-    ends = list(accumulate(lengths))
-    return [blob[a:b] for a, b in zip([0, *ends[:-1]], ends)]
+    data = blob.tobytes() if isinstance(blob, np.ndarray) else blob
+    ends = list(accumulate(int(n) for n in lengths))
+    return [data[a:b] for a, b in zip([0, *ends[:-1]], ends)]
 
 
 def _pack_batch(values: list, keys: list | None) -> tuple:
@@ -73,38 +75,62 @@ def _pack_batch(values: list, keys: list | None) -> tuple:
     return _join(values), None if keys is None else _join(keys)
 
 
-def _epoch_blob(packed: list[tuple]) -> np.ndarray:
-    """Packed batches as the bytes a checkpoint holds, in a numpy array of uint8: Ray sends
-    an array to the coordinator out of band, in one copy (a 10 MiB ack took 2-6 ms as an
-    array, 5-25 ms as bytes, on the 2-core VM)."""
-    return np.frombuffer(pickle.dumps(packed, protocol=pickle.HIGHEST_PROTOCOL),
-                         dtype=np.uint8)
+def _packed_bytes(packed: tuple | list | None) -> int:
+    """The bytes of a :func:`_join`-ed list (of a list kept as it is: its items' lengths)."""
+    if isinstance(packed, tuple):
+        return int(sum(a.nbytes for a in packed))
+    return sum(len(x) for x in packed if x is not None) if packed else 0
 
 
-def pack_epoch(parts: list[tuple[list, list | None]]) -> np.ndarray:
+@dataclass(frozen=True)
+class PackedEpoch:
+    """An epoch's batches as a checkpoint holds them: ``[(values, keys)]``, each list
+    :func:`_join`-ed into numpy arrays (or kept as a list when it is not all bytes), and
+    their size in bytes."""
+
+    batches: list
+    nbytes: int
+
+    @classmethod
+    def of(cls, packed: list[tuple]) -> PackedEpoch:
+        return cls(packed, sum(_packed_bytes(v) + _packed_bytes(k) for v, k in packed))
+
+
+def pack_epoch(parts: list[tuple[list, list | None]]) -> PackedEpoch:
     """An epoch's ``[(values, keys)]`` as a checkpoint holds it (the writer packs each batch
-    as it comes, and makes the blob at the barrier)."""
-    return _epoch_blob([_pack_batch(v, k) for v, k in parts])
+    as it comes)."""
+    return PackedEpoch.of([_pack_batch(v, k) for v, k in parts])
 
 
-def unpack_epoch(blob: bytes | np.ndarray) -> list[tuple[list, list | None]]:
-    """The ``[(values, keys)]`` of :func:`pack_epoch` (or of a checkpoint that pickled the
-    lists themselves, as earlier versions did)."""
-    return [(_split(v), None if k is None else _split(k))
-            for v, k in pickle.loads(blob if isinstance(blob, bytes) else blob.tobytes())]
+def unpack_epoch(epoch: PackedEpoch | bytes | np.ndarray) -> list[tuple[list, list | None]]:
+    """The ``[(values, keys)]`` of :func:`pack_epoch`; or of a checkpoint of an earlier
+    version, which pickled its packed batches into bytes (or a numpy array of them), or
+    the lists themselves."""
+    if isinstance(epoch, PackedEpoch):
+        batches = epoch.batches
+    else:
+        batches = pickle.loads(epoch if isinstance(epoch, bytes) else epoch.tobytes())
+    return [(_split(v), None if k is None else _split(k)) for v, k in batches]
+
+
+def _epoch_bytes(parts: Any) -> int:
+    """The bytes a pending epoch holds (0 for the record lists of the oldest format)."""
+    if isinstance(parts, PackedEpoch):
+        return parts.nbytes
+    return 0 if isinstance(parts, list) else len(parts)
 
 
 @dataclass
 class TransactionalState:
     """An exactly-once sink's checkpointed state: its run and the epochs it has not
-    committed (``epoch -> {"parts": pickled [(values, keys)], "low": offsets}``; the pickled
-    bytes as a numpy array of uint8, see :func:`unpack_epoch`).
+    committed (``epoch -> {"parts": PackedEpoch, "low": offsets}``, see
+    :func:`unpack_epoch`).
 
-    Each epoch's records are pickled once, when it is pre-committed: a later checkpoint
-    that still holds the epoch (its commit is under way) carries the same bytes, so a
+    Each epoch's records are packed once, batch by batch as they come: a later checkpoint
+    that still holds the epoch (its commit is under way) carries the same arrays, so a
     backlog of epochs costs a copy, not a pickle per record per checkpoint. The instance
     that wrote them commits the records it still holds as written; only a restored one
-    unpickles them.
+    unpacks them.
     ``checkpoint_bytes`` is what this checkpoint added (the new epoch)."""
 
     run: str
@@ -157,9 +183,9 @@ class _TransactionalWriter(_KafkaWriter):
         self.scanner = scanner
         self.buffer: list[tuple[list, list | None]] = []
         self._packed: list = []  # the buffer's batches, as _pack_batch packs them
-        self.pending: dict[int, dict] = {}  # epoch -> {"parts": pickled, "low": offsets}
-        # epoch -> its records as written (not pickled): what its commit sends, so that a
-        # commit does not unpickle what this instance still holds; a restored epoch has none
+        self.pending: dict[int, dict] = {}  # epoch -> {"parts": PackedEpoch, "low": offsets}
+        # epoch -> its records as written (not packed): what its commit sends, so that a
+        # commit does not unpack what this instance still holds; a restored epoch has none
         self._parts: dict[int, list[tuple[list, list | None]]] = {}
         self._buffer_bytes = 0
         self._room = threading.Condition()  # a commit ended: writes may go on
@@ -183,15 +209,13 @@ class _TransactionalWriter(_KafkaWriter):
             # packed as they come, so a barrier pickles a few blobs, not every record
             packed = _pack_batch(values, keys)
             self._packed.append(packed)
-            joined = packed[0]  # (blob, lengths): the blob's length is the values' bytes
-            self._buffer_bytes += (len(joined[0]) if isinstance(joined, tuple)
-                                   else sum(map(len, values)))
+            self._buffer_bytes += _packed_bytes(packed[0]) + _packed_bytes(packed[1])
         return dead
 
     def uncommitted_bytes(self) -> int:
         """Bytes of records held for commits: pre-committed epochs and the open one."""
-        return self._buffer_bytes + sum(len(e["parts"]) for e in self.pending.values()
-                                        if not isinstance(e["parts"], list))
+        return self._buffer_bytes + sum(_epoch_bytes(e["parts"])
+                                        for e in self.pending.values())
 
     def _wait_for_room(self) -> None:
         """Backpressure: while a commit is under way and more than ``max_uncommitted_bytes``
@@ -208,11 +232,11 @@ class _TransactionalWriter(_KafkaWriter):
     def snapshot(self, checkpoint_id):
         added = 0
         if self.buffer:
-            blob = _epoch_blob(self._packed)
-            self.pending[checkpoint_id] = {"parts": blob, "low": dict(self.low)}
+            epoch = PackedEpoch(self._packed, self._buffer_bytes)
+            self.pending[checkpoint_id] = {"parts": epoch, "low": dict(self.low)}
             self._parts[checkpoint_id] = self.buffer
             self.buffer, self._packed, self._buffer_bytes = [], [], 0
-            added = len(blob)
+            added = epoch.nbytes
         return TransactionalState(self.run, dict(self.pending), added)
 
     def uncommitted(self) -> bool:
@@ -247,7 +271,7 @@ class _TransactionalWriter(_KafkaWriter):
         for cid in ready:
             seq = 0
             parts: Any = self._parts.get(cid)
-            if parts is None:  # restored: only the checkpoint's pickled copy is here
+            if parts is None:  # restored: only the checkpoint's packed copy is here
                 parts = self.pending[cid]["parts"]
                 if not isinstance(parts, list):  # (an earlier version's checkpoint holds the list)
                     parts = unpack_epoch(parts)
