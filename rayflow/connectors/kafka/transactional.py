@@ -76,10 +76,11 @@ def _pack_batch(values: list, keys: list | None) -> tuple:
 
 
 def _packed_bytes(packed: tuple | list | None) -> int:
-    """The bytes of a :func:`_join`-ed list (of a list kept as it is: its items' lengths)."""
+    """The bytes of a :func:`_join`-ed list (of a list kept as it is: the lengths of its
+    str and bytes items)."""
     if isinstance(packed, tuple):
         return int(sum(a.nbytes for a in packed))
-    return sum(len(x) for x in packed if x is not None) if packed else 0
+    return sum(len(x) for x in packed if isinstance(x, (bytes, str))) if packed else 0
 
 
 @dataclass(frozen=True)
