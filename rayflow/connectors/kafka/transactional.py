@@ -207,7 +207,7 @@ class _TransactionalWriter(_KafkaWriter):
         if values:
             self._wait_for_room()
             self.buffer.append((values, keys))
-            # packed as they come, so a barrier pickles a few blobs, not every record
+            # packed as they come: a barrier sends a few arrays, no record pickled
             packed = _pack_batch(values, keys)
             self._packed.append(packed)
             self._buffer_bytes += _packed_bytes(packed[0]) + _packed_bytes(packed[1])
