@@ -104,23 +104,26 @@ def _death(ray, handle) -> str:
 def test_a_finished_jobs_actors_exit_by_themselves_a_cancelled_ones_are_killed(ray_session):
     """Ray exports a worker's last metrics when it exits; ``ray.kill`` may cut it off
     first (under load the final counts then never reached Prometheus). A job that ended
-    well lets its actors exit; a cancelled job kills them."""
+    well lets its actors and its coordinator exit; a cancelled job kills them."""
     flow = rf.Dataflow(f"metrics-exit-{uuid.uuid4().hex[:8]}")
     (flow.source("src", rf.MemorySource(list(range(500))), parallelism=2)
          .map("m", lambda x: x + 1, parallelism=2)
          .sink("out", rf.CollectSink()))
     job = rf.run(flow, background=True)
     hosts = job.actors()
+    coordinator = job.coordinator  # it exits by itself too: no call reaches it while dying
+    assert coordinator is not None
     job.wait(60)
     assert sorted(job.collect("out")) == list(range(1, 501))
     assert len(hosts) == 2
-    for h in hosts:
+    for h in [*hosts, coordinator]:
         assert "Worker exit type: INTENDED_USER_EXIT" in _death(ray_session, h)
     job = rf.run(_slow_flow(f"metrics-cancel-{uuid.uuid4().hex[:8]}", 1000),
                  background=True)  # unbounded: it runs until cancelled
     hosts = job.actors()
+    coordinator = job.coordinator
     job.cancel()
-    for h in hosts:
+    for h in [*hosts, coordinator]:
         assert "killed by `ray.kill`" in _death(ray_session, h)
 
 

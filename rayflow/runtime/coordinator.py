@@ -189,6 +189,14 @@ class CoordinatorActor:
         """Why the job cannot go on (a checkpoint store that fails), or None."""
         return self.error
 
+    def exit(self) -> None:
+        """End this actor the clean way, as a step actor does: a call sent to an actor that
+        ``ray.kill`` is taking down could crash its worker on the way (Ray printed a C++
+        ``bad_optional_access`` trace from a coordinator polled while it died, at the end of
+        ``rayflow demo``)."""
+        self._running = False
+        ray.actor.exit_actor()
+
     def done(self) -> bool:
         with self.lock:
             return self.core is not None and self.core.done

@@ -253,9 +253,13 @@ class Launcher:
 
     def _teardown(self, keep_coordinator: bool = False, clean: bool = False) -> None:
         """Kill every step actor (and the coordinator unless kept) and wait until they are
-        dead. ``clean`` (a job that ended well): each actor first exits by itself, so that
-        Ray exports its last metrics; one still alive after EXIT_GRACE_S is killed."""
+        dead. ``clean`` (a job that ended well): each actor, the coordinator too, first
+        exits by itself, so that Ray exports its last metrics and no call reaches an actor
+        while Ray takes it down; one still alive after EXIT_GRACE_S is killed."""
         actors = self.actors()
+        if not keep_coordinator and self.coordinator is not None:
+            actors.append(self.coordinator)
+            self.coordinator = None
         if clean and actors:
             import ray
 
@@ -270,9 +274,6 @@ class Launcher:
             # 50 ms did, while it shut down
             if exits:
                 ray.wait(exits, num_returns=len(exits), timeout=EXIT_GRACE_S)
-        if not keep_coordinator and self.coordinator is not None:
-            actors.append(self.coordinator)
-            self.coordinator = None
         kill(actors)
         self.hosts.clear()
         self._runs = {}
