@@ -23,6 +23,10 @@ class KeyValueState(Generic[K, V]):
     #: each (RocksDB's multi-get), so that operators read a batch's keys up front
     batch_reads = False
 
+    #: whether the state holds its key objects in memory (a dict does), so that an operator
+    #: may keep references to them at no cost, instead of building the keys again
+    holds_keys = False
+
     def get(self, key: K, default: V | None = None) -> V | None:
         raise NotImplementedError
 
@@ -89,6 +93,8 @@ class StateBackend:
 # -- memory ----------------------------------------------------------------------------------
 
 class _DictState(KeyValueState):
+    holds_keys = True
+
     def __init__(self, data: dict | None = None):
         self.data: dict = data or {}
         # reads go straight to the dict: a method of our own costs a Python call per read
