@@ -11,7 +11,6 @@ import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
-from itertools import accumulate
 from typing import Any
 
 import numpy as np
@@ -66,8 +65,13 @@ def _split(packed: tuple | list) -> list:
         return packed
     blob, lengths = packed
     data = blob.tobytes() if isinstance(blob, np.ndarray) else blob
-    ends = list(accumulate(int(n) for n in lengths))
+    ends = np.cumsum(lengths, dtype=np.int64).tolist()
     return [data[a:b] for a, b in zip([0, *ends[:-1]], ends)]
+
+
+def _batch_bytes(packed: tuple) -> int:
+    """The bytes of one :func:`_pack_batch`-ed batch, values and keys."""
+    return _packed_bytes(packed[0]) + _packed_bytes(packed[1])
 
 
 def _pack_batch(values: list, keys: list | None) -> tuple:
@@ -94,7 +98,7 @@ class PackedEpoch:
 
     @classmethod
     def of(cls, packed: list[tuple]) -> PackedEpoch:
-        return cls(packed, sum(_packed_bytes(v) + _packed_bytes(k) for v, k in packed))
+        return cls(packed, sum(map(_batch_bytes, packed)))
 
 
 def pack_epoch(parts: list[tuple[list, list | None]]) -> PackedEpoch:
@@ -210,7 +214,7 @@ class _TransactionalWriter(_KafkaWriter):
             # packed as they come: a barrier sends a few arrays, no record pickled
             packed = _pack_batch(values, keys)
             self._packed.append(packed)
-            self._buffer_bytes += _packed_bytes(packed[0]) + _packed_bytes(packed[1])
+            self._buffer_bytes += _batch_bytes(packed)
         return dead
 
     def uncommitted_bytes(self) -> int:

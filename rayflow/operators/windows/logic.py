@@ -362,6 +362,10 @@ class _TimeLogic(_StatefulLogic):
             for _, key, window in opened:
                 self._open.setdefault(key, set()).add(window)
 
+    def _state_keys(self, window: tuple, entries: list) -> list:
+        """The state keys of a window's queued ``entries`` (keys, or state keys already)."""
+        return entries if self._skeys else [("__w", key, window) for key in entries]
+
     def _fire(self, watermark: float) -> Output:
         if watermark > self.watermark:
             self.watermark = watermark
@@ -371,7 +375,7 @@ class _TimeLogic(_StatefulLogic):
         result, new = _result_fn(self.spec.aggregator), tuple.__new__  # (see _result_fn)
         out: list = []
         for window, entries in due:
-            skeys = entries if self._skeys else [("__w", key, window) for key in entries]
+            skeys = self._state_keys(window, entries)
             accs = self.state.pop_many(skeys)
             start, end = window
             out += [new(WindowResult, (skey[1], start, end,
@@ -558,17 +562,14 @@ class _SlicedLogic(_TimeLogic):
         needed = {label for labels in due.values() for label in labels}
         kept = {label: slices[label] for label in needed}  # (draining removes them)
         read: dict[tuple, tuple[list, list]] = {}
-        def state_keys(label: tuple, entries: list) -> list:
-            return entries if self._skeys else [("__w", key, label) for key in entries]
-
         for label, entries in self.fired.drain(watermark):
-            skeys = state_keys(label, entries)
+            skeys = self._state_keys(label, entries)
             popped = state.pop_many(skeys)
             if label in needed:
                 read[label] = ([skey[1] for skey in skeys], popped)
         for label, entries in kept.items():
             if label not in read:
-                skeys = state_keys(label, entries)
+                skeys = self._state_keys(label, entries)
                 read[label] = ([skey[1] for skey in skeys], state.get_many(skeys))
         out: list = []
         if due:
