@@ -345,6 +345,10 @@ class _RocksState(KeyValueState):
         self._reads = self._misses = 0  # of the cache, recently (halved as they grow)
         self._cache: dict = {}  # key -> value, None where RocksDB has (or will have) none
         self._dirty: set = set()  # the cached keys RocksDB does not have as cached
+        # cached keys that RocksDB has no entry for, as far as this instance knows (a read
+        # found none, and nothing was written out since): deleting one costs no tombstone,
+        # so a window's keys born and fired between two snapshots never reach RocksDB
+        self._fresh: set = set()
 
     @property
     def batch_reads(self) -> bool:  # type: ignore[override]
@@ -376,6 +380,7 @@ class _RocksState(KeyValueState):
             else:
                 batch.put(pickle.dumps(k), v)
         self.db.write(batch)
+        self._fresh -= self._dirty  # written: RocksDB has them now
         self._dirty = set()
         for k in deleted:  # written: their entries make room
             del cache[k]
@@ -395,6 +400,8 @@ class _RocksState(KeyValueState):
                 self._count(1, 1)
                 if len(cache) < self.cache_entries:
                     cache[key] = value
+                    if value is None:
+                        self._fresh.add(key)
         elif self.cache_entries:
             self._count(1, 0)
         return default if value is None else value
@@ -421,10 +428,12 @@ class _RocksState(KeyValueState):
         room = self.cache_entries - len(cache)
         if len(missing) <= room:
             cache.update(zip(missing, found))
+            self._fresh.update(k for k, v in zip(missing, found) if v is None)
             return [cache[k] for k in keys]
         got = dict(zip(missing, found))
         if room > 0:
             cache.update(zip(missing[:room], found[:room]))
+            self._fresh.update(k for k, v in zip(missing[:room], found[:room]) if v is None)
         return [cache[k] if k in cache else got[k] for k in keys]
 
     def put_many(self, pairs):
@@ -452,7 +461,7 @@ class _RocksState(KeyValueState):
         if not keys:
             return []
         values = self.get_many(keys)
-        cache, dirty, batch = self._cache, self._dirty, None
+        cache, dirty, fresh, batch = self._cache, self._dirty, self._fresh, None
         seen: set = set()
         out = []
         for k, v in zip(keys, values):
@@ -466,9 +475,11 @@ class _RocksState(KeyValueState):
             cached = cache.pop(k, _ABSENT)
             if cached is _ABSENT:  # read from RocksDB just now
                 gone = v is not None
-            else:  # a cached None is known to be absent, unless its delete is pending
-                gone = cached is not None or k in dirty
+            else:  # a cached None is known to be absent, unless its delete is pending;
+                # a fresh key was never written out
+                gone = (cached is not None or k in dirty) and k not in fresh
                 dirty.discard(k)
+                fresh.discard(k)
             if gone:
                 if batch is None:
                     batch = WriteBatch()
@@ -487,7 +498,10 @@ class _RocksState(KeyValueState):
         the writes), else at once."""
         cache = self._cache
         if key in cache:
-            if cache[key] is not None or key in self._dirty:
+            if key in self._fresh:  # RocksDB has none: nothing to write out
+                cache[key] = None
+                self._dirty.discard(key)
+            elif cache[key] is not None or key in self._dirty:
                 cache[key] = None
                 self._dirty.add(key)
         elif len(cache) < self.cache_entries:
@@ -506,6 +520,7 @@ class _RocksState(KeyValueState):
         self.write_out()
         if len(self._cache) >= self.cache_entries:  # full: refill with the keys used next
             self._cache.clear()
+            self._fresh.clear()
         path = self.directory / f"chk-{checkpoint_id}"
         if path.exists():
             shutil.rmtree(path)

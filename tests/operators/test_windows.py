@@ -578,3 +578,50 @@ def test_sliding_windows_kept_as_slices_match_python_out_of_order_with_a_restore
         got[(r.key, (r.start, r.end))] = r.value
     assert got == {kw: agg.result(a) for kw, a in want.items()}
     assert got_late == want_late and want_late  # the late ones went aside, and there were some
+
+
+@pytest.mark.parametrize("windower", [TumblingWindow(1.0), SlidingWindow(3.0, 1.0),
+                                      SlidingWindow(2.5, 1.0)])  # (the last is not sliced)
+def test_windows_read_in_batches_from_rocksdb_match_the_memory_backend(tmp_path, windower):
+    """Without its cache every batch's windows are read from RocksDB in one multi-get, built
+    per distinct key where a batch falls in one window and per record where it spans
+    several; late records, a key function that raises and a time that is not a number
+    among them: the same results, late records and dead letters as the memory backend."""
+    pytest.importorskip("rocksdict")
+    from rayflow.state import MemoryBackend, RocksDBBackend
+
+    rng = np.random.default_rng(7)
+    batches = []
+    for b in range(40):
+        n = int(rng.integers(1, 60))
+        if b % 3:  # one window's worth of time, or...
+            times = b + rng.uniform(0.0, 0.9, n)
+        else:  # ...several windows, out of order
+            times = b + rng.uniform(-6.0, 2.0, n)
+        recs = [(f"k{int(k)}", float(t)) for k, t in zip(rng.integers(0, 12, n), times)]
+        if b % 7 == 0:
+            recs[0] = (None, recs[0][1])  # the key function raises on it
+        if b % 11 == 0:
+            recs[-1] = (recs[-1][0], float("nan"))
+        batches.append(recs)
+
+    def key(r):
+        return r[0].upper()
+
+    def run(backend):
+        ctx = StepContext("win", 0, 1, "test", backend)
+        logic = Windowed(windower, Count(), key_fn=key,
+                         clock=EventTime(timestamp=lambda r: r[1])).build(ctx)
+        results, late, dead = [], [], []
+        for b, recs in enumerate(batches):
+            out = logic.process(recs, None)
+            late += out.side.get("late", ([], None))[0]
+            dead += [(d.record, d.reason) for d in out.dead]
+            results += logic.on_watermark(b - 1.0).items
+        results += logic.on_end().items
+        return results, late, dead
+
+    expected = run(MemoryBackend())
+    assert expected[1] and len(expected[2]) >= 8  # late records and dead letters among them
+    assert run(RocksDBBackend(str(tmp_path), cache_entries=0)) == expected
+    assert run(RocksDBBackend(str(tmp_path), cache_entries=16)) == expected

@@ -55,6 +55,22 @@ def _keys(key_fn: Callable, recs: list) -> list:
     return keys
 
 
+def _wanted(keys: list, windows_of: list, wm: float) -> list:
+    """The state keys ``("__w", key, window)`` of a batch's open windows, each once. The
+    usual batch falls in one window (one list of windows, which its records share): its
+    distinct keys are found first, and a state key is built per key, not per record."""
+    first = windows_of[0] if windows_of else None
+    if first is not None and windows_of.count(first) == len(windows_of):
+        # (list.count compares by identity first: a shared list costs a pointer test)
+        open_ = [window for window in first if window[1] > wm]
+        return [("__w", key, window) for key in dict.fromkeys(keys)
+                if key.__class__ is not _KeyFailed for window in open_]
+    return list(dict.fromkeys(
+        ("__w", key, window) for key, windows in zip(keys, windows_of)
+        if windows is not None and key.__class__ is not _KeyFailed
+        for window in windows if window[1] > wm))
+
+
 def _result_fn(agg: Aggregator) -> Callable[[Any], Any] | None:
     """``agg.result``, or None when it is the accumulator itself (then not called: a call
     per window). The window paths build each ``WindowResult`` with ``tuple.__new__``, which
@@ -286,10 +302,7 @@ class _TimeLogic(_StatefulLogic):
         recs = rows(items)
         keys = _keys(key_fn, recs)
         if state.batch_reads:  # one multi-get for the batch's open windows (None: absent)
-            wanted = list(dict.fromkeys(
-                ("__w", key, window) for key, windows in zip(keys, windows_of)
-                if windows is not None and key.__class__ is not _KeyFailed
-                for window in windows if window[1] > wm))
+            wanted = _wanted(keys, windows_of, wm)
             cache.update(zip(wanted, state.get_many(wanted)))
         for rec, t, windows, key in zip(recs, t_list, windows_of, keys):
             if windows is None:
