@@ -65,10 +65,21 @@ LONG_CONFIG = NexmarkConfig(seed=42, first_event_rate=10_000.0)
 CHUNK = 16_384
 
 
+def is_actor_title(title: str) -> bool:
+    """Whether a Ray worker's process title (``ray::<actor class>[.<method>]``) is that of
+    an actor: the job's processes. Ray's agents, the idle workers it keeps in its pool (and
+    starts ahead of need, after a job's actors exit too) and a worker still starting (its
+    title is then its interpreter's command line) are not."""
+    return (title.startswith("ray::") and title.split(".")[0] != "ray::IDLE"
+            and "Agent" not in title)
+
+
 class CpuMeter:
-    """CPU seconds of this process and of the Ray workers of our own raylet, sampled every
-    ``every_s`` so that workers which exit before the end still count; and the peak of the
-    workers' resident memory, summed (``peak_rss``, bytes)."""
+    """CPU seconds of this process and of the actor processes of our own raylet (the job's
+    workers), sampled every ``every_s`` so that actors which exit before the end still
+    count; and the peak of their resident memory, summed (``peak_rss``, bytes). Ray's idle
+    pooled workers are left out of both: how many Ray keeps, and when it starts them, is
+    its own business, and it differs from one job to the next."""
 
     def __init__(self, every_s: float = 0.05):
         import ray
@@ -86,10 +97,10 @@ class CpuMeter:
         out = [psutil.Process()]
         for p in self._raylet.children(recursive=True):
             try:
-                name = p.name()
+                title = " ".join(p.cmdline())
             except psutil.Error:
                 continue
-            if "Agent" not in name:  # the dashboard / runtime-env agents are not the job's
+            if is_actor_title(title):
                 out.append(p)
         return out
 

@@ -439,7 +439,8 @@ def _w7(doc: dict, ctx: _Ctx) -> list[str]:
              "plain Python process (the COST floor). Published: Flink 1.13 per core (the "
              "Nexmark suite's README, 8 cores × 3 workers, 100 M events per query, with its "
              "network stack and serialization in the path). The CPU counted is that of the "
-             "driver and the job's workers, not of Ray's raylet, GCS or object store.", ""]
+             "driver and the job's workers (its actors' processes), not of Ray's raylet, "
+             "GCS, object store, agents or the idle workers Ray keeps in its pool.", ""]
 
     def start_up(r: dict) -> float | None:  # median over the runs, when they say
         ts = sorted(x["start_s"] for x in r.get("runs") or () if isinstance(x, dict)
@@ -529,8 +530,8 @@ def _w7_long(doc: dict, ctx: _Ctx) -> list[str]:
             "that span many windows (10 k events per second of event time, where the runs "
             "above span under a second of it, inside one 10-second window): the peak "
             "resident memory of the job's worker processes, summed (psutil, sampled every "
-            "50 ms; it includes Ray's idle workers and each process's interpreter, the same "
-            "in both runs). State that grew with the events would show as growth.", ""] + _table(
+            "50 ms; each process's interpreter included, Ray's idle pooled workers not). "
+            "State that grew with the events would show as growth.", ""] + _table(
         ["query", "events", "event time s", "peak MiB", f"events ×{factor}", "peak MiB",
          "growth"],
         [[r["query"], r["events"], r.get("event_time_s"), r["peak_rss_mib"], r["long_events"],

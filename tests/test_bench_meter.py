@@ -1,0 +1,58 @@
+"""The Nexmark benchmark's CPU meter counts the job's actor processes, not Ray's agents or the
+idle workers Ray keeps in (and starts ahead for) its pool."""
+
+import importlib.util
+import sys
+import time
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_nexmark.py"
+
+
+def _bench():
+    sys.path.insert(0, str(BENCH.parent))  # (the benchmark imports its siblings)
+    try:
+        spec = importlib.util.spec_from_file_location("bench_nexmark_meter", BENCH)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(BENCH.parent))
+    return module
+
+
+def test_the_meter_counts_actor_processes_only():
+    is_actor_title = _bench().is_actor_title
+    # an actor's title, while idle and while it runs a method
+    for title in ("ray::StepHost", "ray::StepHost.run", "ray::CoordinatorActor.exit"):
+        assert is_actor_title(title), title
+    # Ray's agents, an idle pooled worker, and a worker still starting (its interpreter)
+    for title in ("ray::DashboardAgent", "ray::RuntimeEnvAgent", "ray::IDLE",
+                  "/work/.venv/bin/python -u default_worker.py", ""):
+        assert not is_actor_title(title), title
+
+
+def test_the_meter_finds_a_running_job_s_actors_and_leaves_idle_workers_out(ray_session):
+    """On the real Ray: while a job runs, the meter's processes are this one and the job's
+    step hosts and coordinator; the idle workers beside them are not among them."""
+    import psutil
+
+    import rayflow as rf
+
+    bench = _bench()
+    flow = rf.Dataflow(f"meter-{time.time_ns()}")
+    flow.source("in", rf.MemorySource(list(range(10)))).map(
+        "slow", lambda x: time.sleep(0.3) or x).sink("out", rf.DiscardSink())
+    job = flow.run(background=True)
+    try:
+        meter = bench.CpuMeter()
+        titles = {" ".join(p.cmdline()) for p in meter._procs()[1:]}
+        assert any(t.startswith("ray::StepHost") for t in titles), titles
+        assert any(t.startswith("ray::CoordinatorActor") for t in titles), titles
+        everything = {" ".join(p.cmdline()) for p in meter._raylet.children(recursive=True)
+                      if p.is_running()}
+        assert not any(t.startswith("ray::IDLE") for t in titles)
+        assert everything - titles  # the agents and idle workers: present, not counted
+        assert meter._procs()[0].pid == psutil.Process().pid
+    finally:
+        job.wait(120)
