@@ -461,32 +461,38 @@ class _RocksState(KeyValueState):
         if not keys:
             return []
         values = self.get_many(keys)
-        cache, dirty, fresh, batch = self._cache, self._dirty, self._fresh, None
-        seen: set = set()
-        out = []
-        for k, v in zip(keys, values):
-            if k in seen:  # a key popped twice is gone the second time
-                out.append(None)
-                continue
-            seen.add(k)
-            out.append(v)
+        cache, dirty, fresh = self._cache, self._dirty, self._fresh
+        distinct = set(keys)
+        if len(distinct) < len(keys):  # a key popped twice is gone the second time
+            seen: set = set()
+            first = []
+            for k in keys:
+                first.append(k not in seen)
+                seen.add(k)
+            values = [v if f else None for v, f in zip(values, first)]
+            pairs = [(k, v) for k, v, f in zip(keys, values, first) if f]
+        else:
+            pairs = list(zip(keys, values))
+        gone = []
+        for k, v in pairs:
             # a popped key leaves the cache (a window's keys are not read again once it
             # has fired): the delete goes to RocksDB in this call's write batch
             cached = cache.pop(k, _ABSENT)
             if cached is _ABSENT:  # read from RocksDB just now
-                gone = v is not None
-            else:  # a cached None is known to be absent, unless its delete is pending;
-                # a fresh key was never written out
-                gone = (cached is not None or k in dirty) and k not in fresh
-                dirty.discard(k)
-                fresh.discard(k)
-            if gone:
-                if batch is None:
-                    batch = WriteBatch()
-                batch.delete(pickle.dumps(k))
-        if batch is not None:
+                if v is not None:
+                    gone.append(k)
+            # a cached None is known to be absent, unless its delete is pending; a fresh
+            # key was never written out
+            elif (cached is not None or k in dirty) and k not in fresh:
+                gone.append(k)
+        dirty -= distinct
+        fresh -= distinct
+        if gone:
+            batch, dumps = WriteBatch(), pickle.dumps
+            for k in gone:
+                batch.delete(dumps(k))
             self.db.write(batch)
-        return out
+        return values
 
     def pop(self, key):
         value = self.get(key)
