@@ -292,9 +292,7 @@ def exit_or_kill(handles: list[Any], grace_s: float) -> list[Any]:
     An exit call's result comes (as the actor's death) once the actor has gone, so waiting
     on those sends an exiting actor no more calls (polling one while it shut down made Ray
     print a C++ trace). An actor whose exit came back gets no ``ray.kill`` either: a second
-    exit signal can leave a threaded actor's process stuck in its shutdown for good (a
-    coordinator's process was left so, alive and holding its memory, in about one job in
-    thirty)."""
+    exit signal can leave a threaded actor's process stuck in its shutdown for good."""
     import ray
 
     exits: dict = {}
