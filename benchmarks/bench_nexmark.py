@@ -70,8 +70,9 @@ def is_actor_title(title: str) -> bool:
     an actor: the job's processes. Ray's agents, the idle workers it keeps in its pool (and
     starts ahead of need, after a job's actors exit too) and a worker still starting (its
     title is then its interpreter's command line) are not."""
-    return (title.startswith("ray::") and title.split(".")[0] != "ray::IDLE"
-            and "Agent" not in title)
+    words = title.split()  # (Ray pads a worker's title with spaces)
+    name = words[0] if words else ""
+    return name.startswith("ray::") and name.split(".")[0] != "ray::IDLE" and "Agent" not in name
 
 
 class CpuMeter:
