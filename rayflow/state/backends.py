@@ -33,6 +33,13 @@ class KeyValueState(Generic[K, V]):
     def put(self, key: K, value: V) -> None:
         raise NotImplementedError
 
+    def direct_dict(self) -> dict | None:
+        """The dict that holds this state, where an operator may read and write it in place
+        for now (a batch's writes then touch each key once, not again in a
+        :meth:`put_many`); None where every write must go through :meth:`put` or
+        :meth:`put_many` (RocksDB; a memory state tracking its changes for a delta)."""
+        return None
+
     def delete(self, key: K) -> None:
         raise NotImplementedError
 
@@ -112,6 +119,9 @@ class _DictState(KeyValueState):
 
     def put_many(self, pairs):
         self.data.update(pairs)
+
+    def direct_dict(self):
+        return self.data
 
     def delete(self, key):
         self.data.pop(key, None)
@@ -206,6 +216,11 @@ class _MemoryState(_DictState):
         self.data.update(pairs)
         if self._dirty is not None:
             self._changed(pairs if isinstance(pairs, dict) else [k for k, _ in pairs])
+
+    def direct_dict(self):
+        # while changes are tracked, each write must name its key; once more than half
+        # changed, the next snapshot is a full one, which reads the dict as it is
+        return self.data if self._dirty is None else None
 
     def delete(self, key):
         self.data.pop(key, None)

@@ -287,7 +287,10 @@ class _TimeLogic(_StatefulLogic):
         except Exception as exc:  # noqa: BLE001 - user timestamp function
             return Output([], None, [self.dead(describe_exception(exc), items, "batch")])
         wm = self.watermark
-        cache: dict = {}  # one backend read and write per window and batch
+        # a dict state is updated in place (each key touched once); any other state through
+        # a cache of the batch's windows: one backend read and write per window and batch
+        direct = state.direct_dict() if self.ttl_s is None else None
+        cache: dict = {} if direct is None else direct
         # the hot loop's lookups, hoisted
         key_fn, add, get = spec.key_fn, agg.add, cache.get
         read, create = state.get, agg.create
@@ -335,7 +338,8 @@ class _TimeLogic(_StatefulLogic):
                 late.append(rec)
                 late_t.append(t)
         self._opened(opened)
-        state.put_many(cache)  # one call: a write batch on RocksDB
+        if direct is None:
+            state.put_many(cache)  # one call: a write batch on RocksDB
         if self.ttl_s is not None:
             self.touch({skey[1]: None for skey in cache})
         side = {"late": (late, np.asarray(late_t, dtype=np.float64))} if late else {}
