@@ -304,8 +304,8 @@ class _TimeLogic(_StatefulLogic):
                 spec.windower.windows_of_many(np.where(finite, times, 0.0)), finite.tolist())]
         recs = rows(items)
         keys = _keys(key_fn, recs)
-        if state.batch_reads:  # one multi-get for the batch's open windows (None: absent)
-            wanted = _wanted(keys, windows_of, wm)
+        if direct is None and state.batch_reads:  # one multi-get of the batch's windows
+            wanted = _wanted(keys, windows_of, wm)  # (None where absent)
             cache.update(zip(wanted, state.get_many(wanted)))
         for rec, t, windows, key in zip(recs, t_list, windows_of, keys):
             if windows is None:
