@@ -440,15 +440,12 @@ class _RocksState(KeyValueState):
         if not missing:
             return [cache[k] for k in keys]
         found = self.db.get([pickle.dumps(k) for k in missing])
-        room = self.cache_entries - len(cache)
-        if len(missing) <= room:
-            cache.update(zip(missing, found))
-            self._fresh.update(k for k, v in zip(missing, found) if v is None)
+        kept = missing[:max(0, self.cache_entries - len(cache))]  # what the cache has room for
+        cache.update(zip(kept, found))
+        self._fresh.update(k for k, v in zip(kept, found) if v is None)
+        if len(kept) == len(missing):
             return [cache[k] for k in keys]
         got = dict(zip(missing, found))
-        if room > 0:
-            cache.update(zip(missing[:room], found[:room]))
-            self._fresh.update(k for k, v in zip(missing[:room], found[:room]) if v is None)
         return [cache[k] if k in cache else got[k] for k in keys]
 
     def put_many(self, pairs):

@@ -294,6 +294,9 @@ class _TimeLogic(_StatefulLogic):
         # the hot loop's lookups, hoisted
         key_fn, add, get = spec.key_fn, agg.add, cache.get
         read, create = state.get, agg.create
+        # what a lookup of the cache gives for a window it lacks: to be read from the state,
+        # unless the cache is the state itself (then it is absent: no second lookup)
+        unread = _MISSING if direct is None else None
         opened: list = []  # the windows this batch opens, pushed on the queue in one go
         t_list = times.tolist()
         finite = np.isfinite(times)
@@ -319,7 +322,7 @@ class _TimeLogic(_StatefulLogic):
                 if window[1] <= wm:
                     continue  # that window has closed
                 skey = ("__w", key, window)
-                acc = get(skey, _MISSING)
+                acc = get(skey, unread)
                 if acc is _MISSING:
                     acc = read(skey)
                 if acc is None:  # (a read of the batch found none either)
