@@ -60,6 +60,7 @@ import math
 from collections import Counter, defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
+from operator import itemgetter
 from typing import Any
 
 from rayflow.nexmark.generator import BID
@@ -433,6 +434,7 @@ def _q8_rows(out):
 
 _Q9_AUCTION = ("id", "item_name", "initial_bid", "reserve", "date_time", "expires", "seller",
                "category")
+_q9_auction_fields = itemgetter(*_Q9_AUCTION)
 
 
 def _after_ms(ms: int) -> float:
@@ -492,7 +494,7 @@ class WinningBids(KeyedProcessFunction):
         ctx.state.clear()
         if best is None:
             return None
-        return [(*(auction[k] for k in _Q9_AUCTION), best["bidder"], best["price"],
+        return [(*_q9_auction_fields(auction), best["bidder"], best["price"],
                  best["date_time"])]
 
 
@@ -512,7 +514,7 @@ def _q9_reference(events):
         if cur is None or (-b["price"], b["date_time"], b["bidder"]) < (
                 -cur["price"], cur["date_time"], cur["bidder"]):
             best[a["id"]] = b
-    return sorted((*(auctions[i][k] for k in _Q9_AUCTION), b["bidder"], b["price"],
+    return sorted((*_q9_auction_fields(auctions[i]), b["bidder"], b["price"],
                    b["date_time"]) for i, b in best.items())
 
 
@@ -648,10 +650,11 @@ def _q16_rows(out):
 _Q20_BID = ("auction", "bidder", "price", "channel", "url", "date_time")
 _Q20_AUCTION = ("item_name", "initial_bid", "reserve", "date_time", "expires", "seller",
                 "category")
+_q20_bid_fields, _q20_auction_fields = itemgetter(*_Q20_BID), itemgetter(*_Q20_AUCTION)
 
 
 def _q20_row(bid: dict, auction: dict) -> tuple:
-    return tuple(bid[k] for k in _Q20_BID) + tuple(auction[k] for k in _Q20_AUCTION)
+    return _q20_bid_fields(bid) + _q20_auction_fields(auction)
 
 
 def _bid_or_auction(e: dict) -> bool:
@@ -974,8 +977,8 @@ _Q18_BID = ("auction", "bidder", "price", "channel", "url", "date_time")
 Q19_TOP = 10
 
 
-def _bid_row(e: dict) -> tuple:
-    return tuple(e[k] for k in _Q18_BID)
+#: a bid's row: its fields of ``_Q18_BID`` as a tuple
+_bid_row = itemgetter(*_Q18_BID)
 
 
 def _bidder_auction(e: dict) -> tuple:

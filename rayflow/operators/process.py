@@ -54,6 +54,7 @@ from rayflow.operators.keyed import _GLOBAL, _StatefulLogic, check_ttl
 
 EVENT_TIME, PROCESSING_TIME = "event_time", "processing_time"
 _VALUE, _TIMERS = "__v", "__tm"
+_UNREAD = object()  # a key's value not read from the state in this call yet
 
 
 class KeyedProcessFunction:
@@ -133,24 +134,28 @@ class TimerQueue:
 
 
 class ValueState:
-    """The value state of the current key (Flink's ``ValueState``)."""
+    """The value state of the current key (Flink's ``ValueState``): it follows the key of the
+    call it was handed to, as Flink's does."""
 
     __slots__ = ("_logic", "_key")
 
-    def __init__(self, logic: _ProcessLogic, key: Any):
+    def __init__(self, logic: _ProcessLogic, key: Any = None):
         self._logic, self._key = logic, key
 
     def value(self, default: Any = None) -> Any:
         """The key's value, or ``default`` if it has none."""
-        v = self._logic._value(self._key)
+        logic = self._logic
+        v = logic._values.get(self._key, _UNREAD)
+        if v is _UNREAD:
+            v = logic._value(self._key)
         return default if v is None else v
 
     def update(self, value: Any) -> None:
         """Set the key's value (None clears it)."""
-        self._logic._set_value(self._key, value)
+        self._logic._values[self._key] = value
 
     def clear(self) -> None:
-        self._logic._set_value(self._key, None)
+        self._logic._values[self._key] = None
 
 
 class TimerService:
@@ -158,13 +163,16 @@ class TimerService:
 
     __slots__ = ("_logic", "_key")
 
-    def __init__(self, logic: _ProcessLogic, key: Any):
+    def __init__(self, logic: _ProcessLogic, key: Any = None):
         self._logic, self._key = logic, key
 
     def register(self, *, event_time: float | None = None,
                  processing_time: float | None = None) -> None:
         """Fire ``on_timer`` when the watermark reaches ``event_time``, or the wall clock
         reaches ``processing_time`` (seconds since the epoch). Exactly one of the two."""
+        if processing_time is None and event_time.__class__ is float:  # the usual call
+            self._logic._register(self._key, EVENT_TIME, event_time)
+            return
         domain, ts = _which(event_time, processing_time, "register")
         self._logic._register(self._key, domain, ts)
 
@@ -193,9 +201,11 @@ def _which(event_time: Any, processing_time: Any, what: str) -> tuple[str, float
     return domain, float(ts)
 
 
-@dataclass(slots=True)  # one per record: no instance dict to build
+@dataclass(slots=True)
 class ProcessContext:
-    """What ``process_element`` and ``on_timer`` see of the current key."""
+    """What ``process_element`` and ``on_timer`` see of the current key. As Flink's, it is
+    valid for the call it is handed to: an instance keeps one, set to each record's key and
+    time in turn, and so do its ``state`` and ``timers``."""
 
     key: Any
     timestamp: float | None
@@ -268,6 +278,7 @@ class _ProcessLogic(_StatefulLogic):
                     self.queues[domain].register(k[1], ts)
                 self._by_key[k[1]] = set(v)
         self._values: dict = {}  # written back to the backend after each call from the host
+        self._context = ProcessContext(None, None, ValueState(self), TimerService(self))
         self._timers_dirty: set = set()
         self._touched: dict = {}
 
@@ -282,13 +293,10 @@ class _ProcessLogic(_StatefulLogic):
 
     # -- state behind the context ---------------------------------------------------------
     def _value(self, key):
-        if key in self._values:
-            return self._values[key]
-        v = self._values[key] = self.state.get((_VALUE, key))
+        v = self._values.get(key, _UNREAD)
+        if v is _UNREAD:
+            v = self._values[key] = self.state.get((_VALUE, key))
         return v
-
-    def _set_value(self, key, value):
-        self._values[key] = value
 
     def _register(self, key, domain, ts):
         if self._on_timer is None:
@@ -312,18 +320,28 @@ class _ProcessLogic(_StatefulLogic):
 
     def _flush(self) -> None:
         state = self.state
-        for key, v in self._values.items():
-            if v is None:
-                state.delete((_VALUE, key))
+        if self._values:
+            direct = state.direct_dict()  # a dict state: written in place
+            if direct is not None:
+                pop = direct.pop
+                for key, v in self._values.items():
+                    if v is None:
+                        pop((_VALUE, key), None)
+                    else:
+                        direct[(_VALUE, key)] = v
             else:
-                state.put((_VALUE, key), v)
+                for key, v in self._values.items():
+                    if v is None:
+                        state.delete((_VALUE, key))
+                    else:
+                        state.put((_VALUE, key), v)
+            self._values.clear()
         for key in self._timers_dirty:
             timers = self._by_key.get(key)
             if timers:
                 state.put((_TIMERS, key), tuple(sorted(timers)))
             else:
                 state.delete((_TIMERS, key))
-        self._values.clear()
         self._timers_dirty.clear()
 
     def drop_key(self, key):
@@ -334,36 +352,50 @@ class _ProcessLogic(_StatefulLogic):
         self.state.delete((_TIMERS, key))
 
     # -- the hot path ---------------------------------------------------------------------
-    def _ctx(self, key, ts, domain=None) -> ProcessContext:
-        return ProcessContext(key, ts, ValueState(self, key), TimerService(self, key), domain)
+    def _at(self, key, ts, domain=None) -> ProcessContext:
+        """The instance's context, set to ``key`` at ``ts``."""
+        ctx = self._context
+        ctx.key = ctx.state._key = ctx.timers._key = key
+        ctx.timestamp, ctx.time_domain = ts, domain
+        return ctx
 
     def process(self, items, event_times):
-        key_fn, element = self.spec.key_fn, self._element
+        key_fn, element, ctx = self.spec.key_fn, self._element, self._context
+        state, timers = ctx.state, ctx.timers
+        recs = rows(items)
         times = None if event_times is None else np.asarray(event_times, dtype=np.float64)
+        t_list = [None] * len(recs) if times is None else times.tolist()
+        touched = self._touched if self.ttl_s is not None else None
         out, out_t, dead = [], [], []
-        for i, rec in enumerate(rows(items)):
-            t = None if times is None else float(times[i])
+        ctx.time_domain = None
+        for rec, t in zip(recs, t_list):
             try:
                 key = key_fn(rec)
-                got = element(rec, self._ctx(key, t))
-                emitted = list(got) if got is not None else []
+                ctx.key = state._key = timers._key = key
+                ctx.timestamp = t
+                got = element(rec, ctx)
+                if got is not None:
+                    got = list(got)
             except Exception as exc:  # noqa: BLE001 - user code
                 dead.append(self.dead(describe_exception(exc), rec))
                 continue
-            if self.ttl_s is not None:
-                self._touched[key] = None
-            out.extend(emitted)
-            out_t.extend([t] * len(emitted))
+            if touched is not None:
+                touched[key] = None
+            if got:
+                out += got
+                out_t += [t] * len(got)
         self._flush()
-        self.touch(self._touched)
-        self._touched.clear()
+        if touched is not None:
+            self.touch(touched)
+            touched.clear()
         # processing-time timers are due by the clock, busy or not (ticks come only when a
         # source has nothing to read)
-        timers = self._fire(PROCESSING_TIME, self.now())
-        out += timers.items
-        dead += timers.dead
+        timers_out = self._fire(PROCESSING_TIME, self.now())
+        out += timers_out.items
+        dead += timers_out.dead
         res = Output(out, None if times is None else np.asarray(
-            out_t + timers.event_times.tolist() if timers.items else out_t, np.float64), dead)
+            out_t + timers_out.event_times.tolist() if timers_out.items else out_t,
+            np.float64), dead)
         return self.with_expiry(res)
 
     def _fire(self, domain: str, until: float) -> Output:
@@ -371,18 +403,21 @@ class _ProcessLogic(_StatefulLogic):
         out_t: list = []
         dead: list = []
         on_timer = self._on_timer
-        if on_timer is None:  # no timers can have been registered
+        if on_timer is None or not self.queues[domain]:  # no timer is due
             return Output(out, None)
+        at, forget = self._at, self._forget
         for ts, key in self.queues[domain].pop_until(until):
-            self._forget(key, domain, ts)
+            forget(key, domain, ts)
             try:
-                got = on_timer(key, ts, self._ctx(key, ts, domain))
-                emitted = list(got) if got is not None else []
+                got = on_timer(key, ts, at(key, ts, domain))
+                if got is not None:
+                    got = list(got)
             except Exception as exc:  # noqa: BLE001 - user code
                 dead.append(self.dead(describe_exception(exc), (key, ts), f"on_timer {domain}"))
                 continue
-            out.extend(emitted)
-            out_t.extend([ts] * len(emitted))
+            if got:
+                out += got
+                out_t += [ts] * len(got)
         self._flush()
         return Output(out, np.asarray(out_t, dtype=np.float64) if out else None, dead)
 

@@ -25,7 +25,8 @@ from rayflow.core.operators import OperatorSpec, Output, StepContext, describe_e
 from rayflow.core.records import rows
 from rayflow.operators.keyed import TTL, _StatefulLogic, check_ttl
 
-_DROPPED = object()
+_DROPPED = object()  # a key whose state this batch dropped (in a cache)
+_UNREAD = object()  # a key the batch's cache has not read from the state
 
 
 @dataclass(frozen=True)
@@ -48,32 +49,50 @@ class _StatefulMapLogic(_StatefulLogic):
 
     def process(self, items, event_times):
         fn, key_fn, state = self.spec.fn, self.spec.key_fn, self.state
-        out, keep, dead = [], [], []
-        cache: dict = {}  # one backend read and write per key and batch
+        out, dead = [], []
+        failed: list[int] = []  # positions of the records that went to dead letters
+        # a dict state is updated in place; any other state through a cache of the batch's
+        # keys: one backend read and write per key and batch
+        direct = state.direct_dict() if self.ttl_s is None else None
+        cache: dict = {} if direct is None else direct
+        get, read = cache.get, state.get
+        unread = _UNREAD if direct is None else None  # (the cache is the state: no read)
         for i, rec in enumerate(rows(items)):
             try:
                 key = key_fn(rec)
-                cur = cache[key] if key in cache else state.get(key)
-                result = fn(None if cur is _DROPPED else cur, rec)
+                cur = get(key, unread)
+                if cur is _UNREAD:
+                    cur = read(key)
+                elif cur is _DROPPED:
+                    cur = None
+                result = fn(cur, rec)
                 if not isinstance(result, tuple) or len(result) != 2:
                     raise TypeError(f"stateful_map's function must return (state, output), "
                                     f"got {result!r}")
                 new, value = result
             except Exception as exc:  # noqa: BLE001 - user code
                 dead.append(self.dead(describe_exception(exc), rec))
+                failed.append(i)
                 continue
-            cache[key] = _DROPPED if new is None else new
-            out.append((key, value))
-            keep.append(i)
-        for key, value in cache.items():
-            if value is _DROPPED:
-                state.delete(key)
-                if self.ttl_s is not None:
-                    state.delete((TTL, key))
+            if new is not None:
+                cache[key] = new
+            elif direct is None:
+                cache[key] = _DROPPED
             else:
-                state.put(key, value)
-        self.touch(k for k, v in cache.items() if v is not _DROPPED)
-        times = None if event_times is None else np.asarray(event_times)[keep]
+                direct.pop(key, None)
+            out.append((key, value))
+        if direct is None:
+            for key, value in cache.items():
+                if value is _DROPPED:
+                    state.delete(key)
+                    if self.ttl_s is not None:
+                        state.delete((TTL, key))
+                else:
+                    state.put(key, value)
+            self.touch(k for k, v in cache.items() if v is not _DROPPED)
+        times = None if event_times is None else np.asarray(event_times)
+        if failed and times is not None:
+            times = np.delete(times, failed)
         return self.with_expiry(Output(out, times, dead))
 
     def on_tick(self, now):

@@ -189,3 +189,28 @@ def test_value_state_is_per_key_and_cleared_state_is_deleted(backend):
         ("a", 1), ("a", 2), ("b", 1), ("a", 3), ("b", 2)]
     assert dict(logic.state.items()) == {("__v", "b"): 2}
     assert logic.process(list("a"), None).items == [("a", 1)]
+
+
+def test_the_context_is_the_current_records_during_each_call(backend):
+    """As Flink's, the context is valid for its call: an instance sets one context to each
+    record's key and time (and each timer's), and its state follows that key."""
+    seen = []
+
+    def element(rec, ctx):
+        seen.append((ctx.key, ctx.timestamp, ctx.time_domain, ctx.state.value()))
+        ctx.state.update(rec[1])
+        ctx.timers.register(event_time=rec[1] + 1.0)
+
+    def on_timer(key, ts, ctx):
+        seen.append((ctx.key, ctx.timestamp, ctx.time_domain, ctx.state.value()))
+        yield (key, ts, ctx.state.value())
+
+    logic = Process((element, on_timer), lambda r: r[0]).build(ctx_for(backend))
+    recs = [("a", 1.0), ("b", 2.0), ("a", 3.0)]
+    logic.process(recs, np.array([t for _, t in recs]))
+    fired = logic.on_watermark(10.0)
+    assert seen == [("a", 1.0, None, None), ("b", 2.0, None, None), ("a", 3.0, None, 1.0),
+                    ("a", 2.0, "event_time", 3.0), ("b", 3.0, "event_time", 2.0),
+                    ("a", 4.0, "event_time", 3.0)]
+    assert fired.items == [("a", 2.0, 3.0), ("b", 3.0, 2.0), ("a", 4.0, 3.0)]
+    assert fired.event_times.tolist() == [2.0, 3.0, 4.0]

@@ -59,3 +59,32 @@ def test_stateful_map_restores_rescales_and_names_bad_records(ctx):
     bad = StatefulMap(lambda n, r: r, key_fn=str).build(ctx)
     out = bad.process(["z"], None)
     assert out.items == [] and "must return (state, output)" in out.dead[0].reason
+
+
+def _fails_on_four(total, rec):
+    """_session_total, but a value of 4 is a bad record."""
+    if rec[1] == 4:
+        raise ValueError("four")
+    return _session_total(total, rec)
+
+
+def test_bad_records_leave_state_and_times_of_the_rest_as_python_has_them(ctx):
+    """Dead letters mid-batch, keys dropped and made again within a batch: the outputs keep
+    their own event times, and the state is plain Python's with the bad records left out."""
+    recs = [("a", 1), ("a", 0), ("a", 2), ("b", 4), ("b", 3), ("a", 4), ("b", 0), ("c", 5),
+            ("a", 1), ("c", 0)]
+    times = np.arange(len(recs), dtype=np.float64) * 10.0
+    logic = StatefulMap(_fails_on_four, key_fn=lambda r: r[0]).build(ctx)
+    out = logic.process(recs[:6], times[:6])
+    out2 = logic.process(recs[6:], times[6:])
+    state, want, want_t = defaultdict(lambda: None), [], []
+    for (k, v), t in zip(recs, times.tolist()):
+        if v == 4:
+            continue
+        state[k], value = _session_total(state[k], (k, v))
+        want.append((k, value))
+        want_t.append(t)
+    assert out.items + out2.items == want
+    assert out.event_times.tolist() + out2.event_times.tolist() == want_t
+    assert [d.reason for d in out.dead] == ["ValueError: four"] * 2
+    assert dict(logic.state.items()) == {k: v for k, v in state.items() if v is not None}
