@@ -163,13 +163,12 @@ def apply_each(
     bad record, so ``fn`` is never called twice on a record.
     """
     out: list = []
-    append = out.append
     failed: list[int] = []
     start, n = 0, len(items)
     while start < n:
         try:
-            for x in (items if start == 0 else itertools.islice(items, start, None)):
-                append(fn(x))
+            # a loop in C; list.extend keeps what the map gave before a record raised
+            out.extend(map(fn, items if start == 0 else itertools.islice(items, start, None)))
             break
         except Exception as exc:  # noqa: BLE001 - user code
             bad = len(out) + len(failed)  # every earlier record is in out or failed

@@ -21,6 +21,9 @@ def test_apply_each_calls_fn_once_per_record_and_reports_failures():
     assert failed == [1, 3]
     assert calls == [1, 0, 2, 0, 5]
     assert failures == [0, 0]
+    calls.clear()
+    out, failed = apply_each(fn, [0, 0, 4, 0], lambda r, e: None)  # first, twice, and last
+    assert (out, failed, calls) == ([2], [0, 1, 3], [0, 0, 4, 0])
 
 
 def test_map_keeps_event_times_of_surviving_records():

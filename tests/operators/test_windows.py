@@ -9,6 +9,7 @@ import pytest
 from rayflow.core.operators import StepContext
 from rayflow.core.records import Field
 from rayflow.operators.windows import (
+    Aggregator,
     Count,
     CountWindow,
     EventTime,
@@ -380,6 +381,43 @@ def test_session_windows_merge_out_of_order_records_like_python(ctx):
     out += logic.on_end().items
     assert {(r.key, r.start, r.end, r.value) for r in out} == _sessions_reference(recs, 2.0)
     assert len(out) == len(_sessions_reference(recs, 2.0))  # none fired twice
+    assert len(logic.state) == 0
+
+
+class _Times(Aggregator):
+    """The event times of a window's records, in the order they were added or merged."""
+
+    def create(self):
+        return ()
+
+    def add(self, acc, record):
+        return (*acc, record[1])
+
+    def merge(self, a, b):
+        return a + b
+
+
+def test_sessions_that_grow_bridge_and_open_before_others_hold_their_own_records(ctx):
+    """One key's sessions opened out of order: after an existing one, before it (the
+    sessions stay in start order), grown at either end, and bridged by a record that
+    touches two: each fired session holds exactly its records, as plain Python's."""
+    recs = [("a", t) for t in (10.0, 20.0, 1.0, 12.5, 7.5, 16.0, 0.5, 30.0, 27.5, 3.0, 5.0,
+                               18.0)]
+    spec = Windowed(SessionWindow(3.0), _Times(), key_fn=lambda r: r[0],
+                    clock=EventTime(timestamp=lambda r: r[1]))
+    logic = spec.build(ctx)
+    for i in range(0, len(recs), 3):
+        assert not logic.process(recs[i:i + 3], None).side
+    got = sorted((r.start, r.end, tuple(sorted(r.value))) for r in logic.on_end().items)
+    times = sorted(t for _, t in recs)
+    want, run = [], [times[0]]
+    for t in times[1:]:
+        if t - run[-1] > 3.0:
+            want.append((run[0], run[-1] + 3.0, tuple(run)))
+            run = []
+        run.append(t)
+    want.append((run[0], run[-1] + 3.0, tuple(run)))
+    assert got == want
     assert len(logic.state) == 0
 
 

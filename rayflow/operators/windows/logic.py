@@ -446,34 +446,65 @@ class _SessionLogic(_TimeLogic):
         wm = self.watermark
         cache: dict = {}
         queued: dict = {}  # per key, the sessions that were queued before this batch
-        for rec, t in zip(rows(items), times.tolist()):
-            if not math.isfinite(t):
+        key_fn, add, create, merge = spec.key_fn, agg.add, agg.create, agg.merge
+        t_list = times.tolist()
+        finite = bool(np.isfinite(times).all())
+        for rec, t in zip(rows(items), t_list):
+            if not finite and not math.isfinite(t):
                 dead.append(self.dead(not_finite(t), rec))
                 continue
             try:
-                key = spec.key_fn(rec)
+                key = key_fn(rec)
                 skey = ("__s", key)
                 sessions = cache.get(skey)
                 if sessions is None:
                     sessions = cache[skey] = list(state.get(skey) or ())
                     queued[skey] = {(s[0], s[1]) for s in sessions}
-                start, end, acc = t, t + gap, agg.add(agg.create(), rec)
-                keep = []
-                for s in sessions:  # windows that touch or overlap [t, t + gap) merge
+                start, end = t, t + gap
+                # the sessions (in start order) that touch or overlap [t, t + gap) merge
+                hit, more = -1, False
+                if len(sessions) == 1:  # the usual case: one open session
+                    s = sessions[0]
                     if s[0] <= end and s[1] >= start:
-                        start, end, acc = min(start, s[0]), max(end, s[1]), agg.merge(s[2], acc)
-                    else:
-                        keep.append(s)
+                        hit = 0
+                else:
+                    for i, s in enumerate(sessions):
+                        if s[0] <= end and s[1] >= start:
+                            if hit >= 0:
+                                more = True
+                                break
+                            hit = i
+                if hit < 0:  # a session of its own
+                    new = (start, end, add(create(), rec))
+                elif not more:  # one session grows: it keeps its place among the others
+                    s = sessions[hit]
+                    new = (start if start < s[0] else s[0], end if end > s[1] else s[1],
+                           add(s[2], rec))
+                else:  # it bridges sessions: they become one
+                    acc, keep = add(create(), rec), []
+                    for s in sessions:
+                        if s[0] <= end and s[1] >= start:
+                            start, end, acc = min(start, s[0]), max(end, s[1]), merge(s[2], acc)
+                        else:
+                            keep.append(s)
+                    new = (start, end, acc)
             except Exception as exc:  # noqa: BLE001 - user code
                 dead.append(self.dead(describe_exception(exc), rec))
                 continue
-            if end <= wm:  # even merged, its session has closed
+            if new[1] <= wm:  # even merged, its session has closed
                 late.append(rec)
                 late_t.append(t)
                 continue
-            keep.append((start, end, acc))
-            keep.sort(key=_START)
-            cache[skey] = keep
+            if hit < 0:
+                sessions.append(new)
+                if len(sessions) > 1 and sessions[-2][0] > new[0]:
+                    sessions.sort(key=_START)
+            elif not more:
+                sessions[hit] = new
+            else:
+                keep.append(new)
+                keep.sort(key=_START)
+                cache[skey] = keep
         push = self.fired.push
         for skey, sessions in cache.items():
             if sessions:
