@@ -1028,6 +1028,8 @@ def _q19_top(state, e):
     """Per auction: ``(bids seen, its top 10 bids)``; emits them when they change."""
     n, top = state or (0, ())
     row = _bid_row(e)
+    if len(top) == Q19_TOP and _top_order(row) >= _top_order(top[-1]):
+        return (n + 1, top), None  # it sorts after the tenth (a tie too: the sort is stable)
     new = tuple(sorted(top + (row,), key=_top_order)[:Q19_TOP])
     if new == top:
         return (n + 1, top), None

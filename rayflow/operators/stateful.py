@@ -82,14 +82,13 @@ class _StatefulMapLogic(_StatefulLogic):
                 direct.pop(key, None)
             out.append((key, value))
         if direct is None:
-            for key, value in cache.items():
-                if value is _DROPPED:
-                    state.delete(key)
-                    if self.ttl_s is not None:
-                        state.delete((TTL, key))
-                else:
-                    state.put(key, value)
-            self.touch(k for k, v in cache.items() if v is not _DROPPED)
+            for key in [k for k, v in cache.items() if v is _DROPPED]:
+                del cache[key]
+                state.delete(key)
+                if self.ttl_s is not None:
+                    state.delete((TTL, key))
+            state.put_many(cache)  # one call: a write batch on RocksDB
+            self.touch(cache)
         times = None if event_times is None else np.asarray(event_times)
         if failed and times is not None:
             times = np.delete(times, failed)
