@@ -58,3 +58,28 @@ def test_the_meter_finds_a_running_job_s_actors_and_leaves_idle_workers_out(ray_
         assert meter._procs()[0].pid == psutil.Process().pid
     finally:
         job.wait(120)
+
+
+def test_the_meter_leaves_its_own_sampling_out(ray_session):
+    """The meter samples from a thread of this process, which it counts: that thread's CPU
+    is taken off, so a process that only sleeps meters (about) none, however busy the
+    sampling is."""
+    import psutil
+
+    bench = _bench()
+    me = psutil.Process()
+
+    class Busy(bench.CpuMeter):
+        def _procs(self):
+            return [me]
+
+        def _sample(self, first=False):
+            end = time.thread_time() + 0.002  # a sample that costs 2 ms of CPU
+            while time.thread_time() < end:
+                pass
+            super()._sample(first)
+
+    with Busy(every_s=0.001) as meter:
+        time.sleep(0.6)
+    assert meter.own_s > 0.2  # the sampling thread was busy about half the time
+    assert meter.cpu_s < 0.08, (meter.cpu_s, meter.own_s)  # (psutil counts in 10 ms ticks)
