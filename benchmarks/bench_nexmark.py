@@ -170,7 +170,9 @@ def metered_run(flow: Any, n: int, backend: str = "memory",
 
 
 def plain_run(query: str, n: int) -> dict:
-    """The query in this process: events made in chunks as the source makes them."""
+    """The query in this process: events made in chunks as the source makes them. Its CPU
+    includes freeing the events and the output (0.04-0.07 s of 400 k events on the 2-core
+    VM), as a job's includes freeing each batch once its steps are done with it."""
     q, gen = QUERIES[query], NexmarkGenerator(CONFIG)
     t0, c0 = time.perf_counter(), time.process_time()
     if q.arrow is not None:
@@ -181,7 +183,9 @@ def plain_run(query: str, n: int) -> dict:
         events: list = []
         for lo in range(0, n, CHUNK):
             events.extend(gen.rows(np.arange(lo, min(n, lo + CHUNK))))
-        out = len(q.reference(events))
+        result = q.reference(events)
+        out = len(result)
+        del events, result  # (freed inside the clock)
     cpu = time.process_time() - c0
     return {"wall_s": time.perf_counter() - t0, "cpu_s": cpu, "per_core": n / cpu,
             "outputs": out}

@@ -436,7 +436,8 @@ def _w7(doc: dict, ctx: _Ctx) -> list[str]:
              "Nexmark source makes them), parallelism 1, exactly-once checkpoints every second, "
              "into a discarding sink. Per core = events / CPU seconds of the driver and every "
              "worker process of the job. Same-run baseline: the same events and query in one "
-             "plain Python process (the COST floor). Published: Flink 1.13 per core (the "
+             "plain Python process (the COST floor; its CPU includes freeing its events, as "
+             "the job's includes freeing each batch). Published: Flink 1.13 per core (the "
              "Nexmark suite's README, 8 cores × 3 workers, 100 M events per query, with its "
              "network stack and serialization in the path). The CPU counted is that of the "
              "driver and the job's workers (its actors' processes), not of Ray's raylet, "
@@ -553,7 +554,7 @@ def _w7_kafka(doc: dict, ctx: _Ctx) -> list[str]:
             "exactly-once checkpoints every second on the memory backend. Per core as in W7. "
             "Baseline: one plain process that reads the same topic with the same client and "
             "settings, decodes the same JSON and runs the query's plain-Python reference (which "
-            "also sorts its output), in interleaved rounds. Flink's published figures read "
+            "also sorts its output; its CPU includes freeing the events), in interleaved rounds. Flink's published figures read "
             "from an in-process generator, not from Kafka.", ""] + _table(
         ["query", "events", "events/s", "cores", "rayflow per core", "plain per core",
          "rayflow / plain", "Flink per core (pub.)", "rayflow / Flink"],
