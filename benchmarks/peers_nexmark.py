@@ -81,11 +81,11 @@ def _flow(query: str, n: int, counter: list):
     events = op.input("events", flow, Source())
     if query in ("q0", "q1"):
         row = Q._q0_row if query == "q0" else Q._q1_row
-        out = op.map(query, op.filter("bids", events, Q._IsKind("bid")), row)
+        out = op.map(query, op.filter("bids", events, Q._is_bid), row)
     elif query == "q2":
         out = op.map("q2", op.filter("q2-filter", events, Q._q2_keep), Q._q2_row)
     elif query in ("q18", "q19"):
-        bids = op.filter("bids", events, Q._IsKind("bid"))
+        bids = op.filter("bids", events, Q._is_bid)
         if query == "q18":
             keyed = op.key_on("key", bids, lambda e: f"{e['bidder']}:{e['auction']}")
             fn = Q._q18_latest
