@@ -170,7 +170,8 @@ class TimerService:
                  processing_time: float | None = None) -> None:
         """Fire ``on_timer`` when the watermark reaches ``event_time``, or the wall clock
         reaches ``processing_time`` (seconds since the epoch). Exactly one of the two."""
-        if processing_time is None and event_time.__class__ is float:  # the usual call
+        if processing_time is None and event_time.__class__ is float \
+                and event_time == event_time:  # the usual call (a float, not NaN)
             self._logic._register(self._key, EVENT_TIME, event_time)
             return
         domain, ts = _which(event_time, processing_time, "register")

@@ -167,6 +167,14 @@ def test_function_forms_and_errors():
     dead = Process((both, lambda *a: None), lambda r: r).build(
         StepContext("p", 0, 1)).process([1], None).dead
     assert "exactly one of" in dead[0].reason
+    for bad in (float("nan"), "soon", None):
+        def at(rec, ctx, bad=bad):
+            ctx.timers.register(event_time=bad) if bad is not None else \
+                ctx.timers.register(processing_time=math.nan)
+
+        dead = Process((at, lambda *a: None), lambda r: r).build(
+            StepContext("p", 0, 1)).process([1], None).dead
+        assert "must be a number of seconds" in dead[0].reason, bad
     with pytest.raises(ValueError, match="process_element"):
         Process(42, lambda r: r)
     with pytest.raises(ValueError, match="two callables"):
