@@ -58,6 +58,7 @@ def test_savepoint_stop_and_resume_continues_without_loss_or_duplicates(ray_sess
     for k in {k for k, _ in windows}:  # window sequences continue across the restart
         seqs = sorted(s for kk, s in windows if kk == k)
         assert seqs == list(range(len(seqs)))
+    assert all(chk.handles[("count", i)] is not None for i in range(2))  # the windows' state
 
 
 def test_late_records_go_to_the_late_output_counted(ray_session):
@@ -200,3 +201,31 @@ def test_subsumed_snapshots_are_deleted(ray_session, backend, tmp_path):
                       if p.name.startswith("chk-"))
         assert 1 <= len(kept) <= 2, kept
         assert Path(latest.handles[("count", i)]).name in kept
+
+
+def test_a_drained_instance_ends_with_no_state_a_savepoint_keeps_it():
+    """An instance that drained at its end of stream has emitted everything and takes no
+    more input (a restore marks it finished): its final state is none, so the end of a
+    bounded job copies no state. At a savepoint stop (not drained) it keeps its state for
+    the resume."""
+    from rayflow.config import StreamOptions
+    from rayflow.core.operators import StepContext
+    from rayflow.core.records import Batch
+    from rayflow.runtime.tasks import make_task
+
+    f = rf.Dataflow("t")
+    (f.source("s", rf.MemorySource([1])).key_by(str)
+      .stateful_map("m", lambda n, r: ((n or 0) + 1, r)).sink("k", rf.CollectSink()))
+    for drain in (True, False):
+        task = make_task(f.step("m"), StepContext("m", 0, 1), StreamOptions(),
+                         coordinator=object())  # (a checkpointed job's task)
+        task.connect([], {}, [("s", 0)], {})
+        task.push(Batch(["a", "b", "a"], None, 0.0), ("s", 0), 0)
+        task._drain = drain
+        handle, holds = task._end_of_stream()
+        assert not holds
+        if drain:
+            assert handle is None
+        else:
+            restored = f.step("m").spec.build(StepContext("m", 0, 1), handle)
+            assert dict(restored.state.items()) == {"a": 2, "b": 1}

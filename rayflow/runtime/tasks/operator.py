@@ -123,7 +123,14 @@ class OperatorTask(StepTask):
         # a savepoint stop keeps open windows in the snapshot instead
         if self._drain and not self.restored_final:
             self._emit_output(self.logic.on_end(), time.time())
-        handle = self.logic.snapshot() if self.coordinator is not None else None
+        # A drained instance has emitted all it will, and no input comes after its end: a
+        # restore from a later checkpoint marks it finished, and nothing reads its state.
+        # So its final state is none (Flink's finished operators hold none either), and the
+        # end of a bounded job copies no state (a full pickle of a large dict, or a RocksDB
+        # checkpoint). A savepoint stop keeps the state for the resume.
+        drained = self._drain or self.restored_final
+        handle = self.logic.snapshot() if self.coordinator is not None and not drained \
+            else None
         self.logic.close()
         self.emitter.emit_eos(self._drain)
         self.emitter.drain()
