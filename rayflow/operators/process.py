@@ -257,7 +257,9 @@ def _callables(fn: Any) -> tuple[Callable, Callable | None, Any]:
 
 class _ProcessLogic(_StatefulLogic):
     """State: ``("__v", key) -> value``, ``("__tm", key) -> ((domain, ts), ...)`` and the
-    watermark. The timer queues are built from the state at start (restore, rescale)."""
+    watermark. The timer queues are built from the state at start (restore, rescale); the
+    queues are the timers' truth while the instance runs, and the state gets them at each
+    snapshot."""
 
     WM = "__watermark__"
 
@@ -272,7 +274,7 @@ class _ProcessLogic(_StatefulLogic):
         self._element, self._on_timer, self._obj = _callables(spec.fn)
         self.watermark = self.state.get(self.WM, -math.inf)
         self.queues = {EVENT_TIME: TimerQueue(), PROCESSING_TIME: TimerQueue()}
-        self._by_key: dict = {}  # key -> {(domain, ts)}: the live timers, as in the backend
+        self._by_key: dict = {}  # key -> {(domain, ts)}: the live timers
         for k, v in self.state.items():
             if isinstance(k, tuple) and len(k) == 2 and k[0] == _TIMERS:
                 for domain, ts in v:
@@ -337,6 +339,12 @@ class _ProcessLogic(_StatefulLogic):
                     else:
                         state.put((_VALUE, key), v)
             self._values.clear()
+
+    def _write_timers(self) -> None:
+        """The timers of the keys whose timers changed since the last snapshot, into the
+        backend. Only a restore (or a rescale) reads them there, from a snapshot: a timer
+        registered and fired between two snapshots never reaches it."""
+        state = self.state
         for key in self._timers_dirty:
             timers = self._by_key.get(key)
             if timers:
@@ -439,5 +447,6 @@ class _ProcessLogic(_StatefulLogic):
         return self._fire(EVENT_TIME, math.inf)
 
     def snapshot(self):
+        self._write_timers()
         self.state.put(self.WM, self.watermark)
         return super().snapshot()

@@ -222,3 +222,7 @@ def test_the_context_is_the_current_records_during_each_call(backend):
                     ("a", 4.0, "event_time", 3.0)]
     assert fired.items == [("a", 2.0, 3.0), ("b", 3.0, 2.0), ("a", 4.0, 3.0)]
     assert fired.event_times.tolist() == [2.0, 3.0, 4.0]
+    # every timer fired: a snapshot holds the values, and no timer
+    logic.snapshot()
+    assert {k for k, _ in logic.state.items() if isinstance(k, tuple)} == {
+        ("__v", "a"), ("__v", "b")}
