@@ -50,6 +50,19 @@ class _StatefulLogic(Logic):
                     self._expiry.push(t + self.ttl_s, k[1], None)
                     self._queued.add(k[1])
 
+    def batch_cache(self, unread: Any) -> tuple[dict | None, dict, Any]:
+        """Where a batch keeps the state of its keys: ``(direct, cache, absent)``.
+
+        A dict state (and no ``ttl_s``, whose touches need the batch's keys) is updated in
+        place: ``direct`` and ``cache`` are the state's own dict, and a key it lacks has no
+        state (``absent`` is None). Any other state goes through a fresh ``cache`` of the
+        batch's keys, written back once (``direct`` is None), where a key it lacks is still
+        to be read (``absent`` is ``unread``)."""
+        direct = self.state.direct_dict() if self.ttl_s is None else None
+        if direct is None:
+            return None, {}, unread
+        return direct, direct, None
+
     # -- time to live ----------------------------------------------------------------------
     def touch(self, keys: Any) -> None:
         """Records of ``keys`` arrived now: their state lives another ``ttl_s``."""

@@ -322,23 +322,18 @@ class _ProcessLogic(_StatefulLogic):
         self._timers_dirty.add(key)
 
     def _flush(self) -> None:
-        state = self.state
-        if self._values:
-            direct = state.direct_dict()  # a dict state: written in place
-            if direct is not None:
-                pop = direct.pop
-                for key, v in self._values.items():
-                    if v is None:
-                        pop((_VALUE, key), None)
-                    else:
-                        direct[(_VALUE, key)] = v
+        """The values this call set, into the backend: one ``put_many`` (a dict update, or a
+        write batch on RocksDB), a delete per cleared key."""
+        if not self._values:
+            return
+        state, puts = self.state, {}
+        for key, v in self._values.items():
+            if v is None:
+                state.delete((_VALUE, key))
             else:
-                for key, v in self._values.items():
-                    if v is None:
-                        state.delete((_VALUE, key))
-                    else:
-                        state.put((_VALUE, key), v)
-            self._values.clear()
+                puts[(_VALUE, key)] = v
+        state.put_many(puts)
+        self._values.clear()
 
     def _write_timers(self) -> None:
         """The timers of the keys whose timers changed since the last snapshot, into the

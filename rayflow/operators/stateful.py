@@ -21,7 +21,13 @@ from typing import Any
 
 import numpy as np
 
-from rayflow.core.operators import OperatorSpec, Output, StepContext, describe_exception
+from rayflow.core.operators import (
+    OperatorSpec,
+    Output,
+    StepContext,
+    describe_exception,
+    drop_positions,
+)
 from rayflow.core.records import rows
 from rayflow.operators.keyed import TTL, _StatefulLogic, check_ttl
 
@@ -51,12 +57,9 @@ class _StatefulMapLogic(_StatefulLogic):
         fn, key_fn, state = self.spec.fn, self.spec.key_fn, self.state
         out, dead = [], []
         failed: list[int] = []  # positions of the records that went to dead letters
-        # a dict state is updated in place; any other state through a cache of the batch's
-        # keys: one backend read and write per key and batch
-        direct = state.direct_dict() if self.ttl_s is None else None
-        cache: dict = {} if direct is None else direct
+        # one backend read and write per key and batch (a dict state: none, in place)
+        direct, cache, unread = self.batch_cache(_UNREAD)
         get, read = cache.get, state.get
-        unread = _UNREAD if direct is None else None  # (the cache is the state: no read)
         for i, rec in enumerate(rows(items)):
             try:
                 key = key_fn(rec)
@@ -90,9 +93,7 @@ class _StatefulMapLogic(_StatefulLogic):
             state.put_many(cache)  # one call: a write batch on RocksDB
             self.touch(cache)
         times = None if event_times is None else np.asarray(event_times)
-        if failed and times is not None:
-            times = np.delete(times, failed)
-        return self.with_expiry(Output(out, times, dead))
+        return self.with_expiry(Output(out, drop_positions(times, failed), dead))
 
     def on_tick(self, now):
         return self.with_expiry(None)

@@ -287,16 +287,12 @@ class _TimeLogic(_StatefulLogic):
         except Exception as exc:  # noqa: BLE001 - user timestamp function
             return Output([], None, [self.dead(describe_exception(exc), items, "batch")])
         wm = self.watermark
-        # a dict state is updated in place (each key touched once); any other state through
-        # a cache of the batch's windows: one backend read and write per window and batch
-        direct = state.direct_dict() if self.ttl_s is None else None
-        cache: dict = {} if direct is None else direct
+        # one backend read and write per window and batch (a dict state: none, in place,
+        # each key touched once)
+        direct, cache, unread = self.batch_cache(_MISSING)
         # the hot loop's lookups, hoisted
         key_fn, add, get = spec.key_fn, agg.add, cache.get
         read, create = state.get, agg.create
-        # what a lookup of the cache gives for a window it lacks: to be read from the state,
-        # unless the cache is the state itself (then it is absent: no second lookup)
-        unread = _MISSING if direct is None else None
         opened: list = []  # the windows this batch opens, pushed on the queue in one go
         t_list = times.tolist()
         finite = np.isfinite(times)
