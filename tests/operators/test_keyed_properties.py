@@ -1,0 +1,204 @@
+"""Property tests of the keyed steps without Ray (``stateful_map`` and keyed process
+functions with event-time timers): Hypothesis draws the input as for the window
+properties (several partitions out of order, batches of any length, records far behind
+the watermark), the backend (RocksDB with a cache of a few entries among them) and the
+moments of a restore or a rescale, and a plain-Python model says what each round must
+emit."""
+
+from __future__ import annotations
+
+import math
+import tempfile
+from collections import defaultdict
+
+import pytest
+
+pytest.importorskip("hypothesis")
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from rayflow.core.operators import Rescaled, StepContext, owns  # noqa: E402
+from rayflow.operators.process import KeyedProcessFunction, Process  # noqa: E402
+from rayflow.operators.stateful import StatefulMap  # noqa: E402
+from tests.operators._props import backend_for, streams  # noqa: E402
+
+BACKENDS = ["memory", "filesystem", "rocksdb-0", "rocksdb-3"]
+SETTINGS = settings(max_examples=40, deadline=None,
+                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+
+
+def drive(spec, backend, batches, marks, restore_at, rescale_to, watermarks=True):
+    """The step over the rounds (a watermark after each when ``watermarks``); after round
+    ``restore_at`` it goes on from a snapshot in ``rescale_to`` new instances, each fed its
+    keys' records. Returns per round what it emitted, and the dead letters."""
+    def ctx(i=0, n=1):
+        return StepContext("keyed", i, n, "prop", backend)
+
+    logics = [spec.build(ctx())]
+    emitted, dead = [], []
+    for r, (batch, mark) in enumerate(zip(batches, marks)):
+        got: list = []
+        for logic in logics:
+            mine = [rec for rec in batch if owns(rec[0], logic.ctx)]
+            if mine:
+                out = logic.process(mine, [rec[1] for rec in mine])
+                got += out.items
+                dead += out.dead
+            if watermarks:
+                out = logic.on_watermark(mark)
+                got += out.items if out is not None else []
+        emitted.append(got)
+        if r == restore_at:
+            handles = tuple(logic.snapshot() for logic in logics)
+            resume = handles[0] if rescale_to == 1 else Rescaled(handles, 1)
+            for logic in logics:
+                logic.close()
+            logics = [spec.build(ctx(i, rescale_to), resume) for i in range(rescale_to)]
+    end: list = []
+    for logic in logics:
+        out = logic.on_end()
+        end += out.items if out is not None else []
+        logic.close()
+    emitted.append(end)
+    return emitted, dead
+
+
+# -- stateful_map -------------------------------------------------------------------------
+
+def running(state, rec):
+    """A key's record count and id sum; the key's state is dropped when the count reaches
+    4 (so keys are dropped and made again). Emits (count, sum, id)."""
+    n, total = state or (0, 0)
+    n, total = n + 1, total + rec[2]
+    return (None if n == 4 else (n, total)), (n, total, rec[2])
+
+
+def model_stateful_map(batches):
+    state: dict = {}
+    out: dict = defaultdict(list)  # per key, in order
+    for batch in batches:
+        for rec in batch:
+            new, value = running(state.get(rec[0]), rec)
+            if new is None:
+                state.pop(rec[0], None)
+            else:
+                state[rec[0]] = new
+            out[rec[0]].append((rec[0], value))
+    return out
+
+
+@pytest.mark.parametrize("backend_name", BACKENDS)
+@SETTINGS
+@given(stream=streams(), cut=st.integers(-1, 60), rescale_to=st.sampled_from([1, 2, 3]))
+def test_stateful_map_folds_each_key_in_order_through_restores_and_rescales(
+        backend_name, stream, cut, rescale_to):
+    batches, marks = stream
+    spec = StatefulMap(running, key_fn=lambda r: r[0])
+    with tempfile.TemporaryDirectory() as where:
+        emitted, dead = drive(spec, backend_for(backend_name, where), batches, marks, cut,
+                              rescale_to, watermarks=False)
+    assert not dead
+    got: dict = defaultdict(list)
+    for rnd, batch in zip(emitted, batches):
+        assert len(rnd) == len(batch)  # one output a record, in the round of its record
+        for key, value in rnd:
+            got[key].append((key, value))
+    assert got == model_stateful_map(batches)
+
+
+# -- keyed process functions with event-time timers ----------------------------------------
+
+class Timers(KeyedProcessFunction):
+    """Per key: the ids seen since the key's state was last cleared. Every third record
+    sets a timer 1 s after its time, every fifth deletes the timer at its own time plus
+    0.5 s (one that an earlier record may have set). A timer emits ``(key, ts, ids)``; one
+    at a whole second clears the key's ids, another sets a follow-up 0.25 s later while the
+    key has an odd number of ids (a timer set from a timer, due in the same round when the
+    watermark is past it already)."""
+
+    def process_element(self, rec, ctx):
+        ids = ctx.state.value(())
+        ctx.state.update((*ids, rec[2]))
+        if rec[2] % 3 == 0:
+            ctx.timers.register(event_time=rec[1] + 1.0)
+        if rec[2] % 5 == 0:
+            ctx.timers.register(event_time=rec[1] + 0.5)
+        if rec[2] % 5 == 1:
+            ctx.timers.delete(event_time=rec[1] - 0.5)
+
+    def on_timer(self, key, ts, ctx):
+        ids = ctx.state.value(())
+        if ts == int(ts):
+            ctx.state.clear()
+        elif len(ids) % 2 and ts < 30:
+            ctx.timers.register(event_time=ts + 0.25)
+        return [(key, ts, ids)]
+
+
+def model_timers(batches, marks):
+    """Per round: what the records' calls emit (nothing) and then what the watermark fires,
+    every due timer in time order, those set meanwhile at or before it too."""
+    state: dict = {}
+    timers: set = set()  # (ts, key)
+    wm, out = -math.inf, []
+
+    def fire(until):
+        got = []
+        while True:
+            due = sorted((t for t in timers if t[0] <= until), key=lambda t: (t[0], str(t[1])))
+            if not due:
+                return got
+            ts, key = due[0]
+            timers.discard((ts, key))
+            ids = state.get(key, ())
+            if ts == int(ts):
+                state.pop(key, None)
+            elif len(ids) % 2 and ts < 30:
+                timers.add((ts + 0.25, key))
+            got.append((key, ts, ids))
+
+    for batch, mark in zip(batches, marks):
+        for key, t, rid in batch:
+            state[key] = (*state.get(key, ()), rid)
+            if rid % 3 == 0:
+                timers.add((t + 1.0, key))
+            if rid % 5 == 0:
+                timers.add((t + 0.5, key))
+            if rid % 5 == 1:
+                timers.discard((t - 0.5, key))
+        got = []
+        if mark > wm:
+            wm = mark
+            got = fire(wm)
+        out.append(got)
+    out.append(fire(math.inf))
+    return out
+
+
+def _per_key(rounds: list) -> list:
+    """Each round's output as per-key sequences: keys fire in their own order (a restored
+    or rescaled instance may interleave keys differently within a round)."""
+    out = []
+    for rnd in rounds:
+        by_key: dict = defaultdict(list)
+        for item in rnd:
+            by_key[item[0]].append(item)
+        out.append(dict(by_key))
+    return out
+
+
+@pytest.mark.parametrize("backend_name", BACKENDS)
+@SETTINGS
+@given(stream=streams(), cut=st.integers(-1, 60), rescale_to=st.sampled_from([1, 2, 3]))
+def test_event_time_timers_fire_as_the_model_through_restores_and_rescales(
+        backend_name, stream, cut, rescale_to):
+    """Each watermark fires exactly the due timers, each key's in time order, with the
+    values its records and earlier timers left; a restore or a rescale after any round
+    changes nothing (timers and values move with their keys)."""
+    batches, marks = stream
+    spec = Process(Timers(), key_fn=lambda r: r[0])
+    with tempfile.TemporaryDirectory() as where:
+        emitted, dead = drive(spec, backend_for(backend_name, where), batches, marks, cut,
+                              rescale_to)
+    assert not dead
+    assert _per_key(emitted) == _per_key(model_timers(batches, marks))
