@@ -128,8 +128,17 @@ class WindowStats(Aggregator):
             acc[4] = it
         return acc
 
-    def merge(self, a, b):
-        return [a[0] + b[0], min(a[1], b[1]), max(a[2], b[2]), min(a[3], b[3]), max(a[4], b[4])]
+    def merge(self, a, b):  # into ``a``, in place (as ``add``)
+        a[0] += b[0]
+        if b[1] < a[1]:
+            a[1] = b[1]
+        if b[2] > a[2]:
+            a[2] = b[2]
+        if b[3] < a[3]:
+            a[3] = b[3]
+        if b[4] > a[4]:
+            a[4] = b[4]
+        return a
 
     def reduce_segments(self, items, starts):
         counts = np.diff(np.append(starts, len(items))).tolist()

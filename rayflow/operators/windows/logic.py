@@ -157,7 +157,9 @@ class _CountLogic(_StatefulLogic):
                 e = cache.get(key)
                 if e is None:
                     st = state.get(key)
-                    e = cache[key] = list(st) if st else [0, agg.create(), 0]
+                    e = cache[key] = list(st) if st else [0, None, 0]
+                    if e[1] is None:  # no open window (a key's closed one keeps no acc)
+                        e[1] = agg.create()
                 e[1] = agg.add(e[1], rec)
             except Exception as exc:  # noqa: BLE001 - user code
                 dead.append(self.dead(describe_exception(exc), rec))
@@ -220,8 +222,9 @@ class _CountLogic(_StatefulLogic):
         last = seg0 + nseg - 1
         ended = (filled[last] >= size).tolist()
         n_last, seq_last = filled[last].tolist(), (seq_prev + nseg - 1).tolist()
-        create = agg.create
-        state.put_many([(key, (0, create(), s + 1) if done else (n, accs[k], s))
+        # a key whose window closed keeps its sequence, and no accumulator until its next
+        # record (one made now for every closed window cost a call and a list each)
+        state.put_many([(key, (0, None, s + 1) if done else (n, accs[k], s))
                         for key, done, n, s, k in zip(pkeys, ended, n_last, seq_last,
                                                       last.tolist())])
         self.touch(pkeys)
