@@ -11,8 +11,10 @@
   with ``left.t + lower_s <= right.t <= left.t + upper_s``, emitted as soon as both are
   there; each record is kept until the watermark shows that nothing can match it any more.
 
-Output records are ``(key, left, right)`` tuples. Records behind the watermark leave on the
-``late`` output.
+Output records are ``(key, left, right)`` tuples. A record that comes too late leaves on
+the ``late`` output: for a window join, one whose windows have all closed (behind the
+watermark, it still joins a window or session that is open); for an interval join, one
+whose time is below the watermark.
 
     >>> from rayflow.core.operators import StepContext
     >>> from rayflow.operators.windows import TumblingWindow

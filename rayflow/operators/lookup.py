@@ -96,6 +96,7 @@ class _LookupLogic(_StatefulLogic):
     the records waiting for the watermark; the watermark."""
 
     WM = "__watermark__"
+    TABLE_WM = "__table_watermark__"
 
     def routing_key(self, state_key):
         if isinstance(state_key, tuple) and len(state_key) == 2 and state_key[0] in (
@@ -107,10 +108,11 @@ class _LookupLogic(_StatefulLogic):
         super().__init__(spec, ctx, resume_state)
         self.event_time = spec.event_time
         self.watermark = self.state.get(self.WM, -math.inf)
-        # the table input's own watermark (not checkpointed: after a restore records wait
-        # for it to come again, or for the step's watermark); a stream record before it
-        # has every table version it can join and is emitted at once
-        self.table_watermark = -math.inf
+        # the table input's own watermark; a stream record before it has every table
+        # version it can join and is emitted at once. Checkpointed with the step's, so that
+        # a table record replayed after a restore is late exactly when it was the first time
+        # (before its upstream instances announce their watermarks again)
+        self.table_watermark = self.state.get(self.TABLE_WM, -math.inf)
         # one deadline per key with waiting records, at the earliest of their times (set
         # again for what is left when it passes)
         self.waiting = KeyDeadlines()
@@ -120,6 +122,7 @@ class _LookupLogic(_StatefulLogic):
 
     def snapshot(self):
         self.state.put(self.WM, self.watermark)
+        self.state.put(self.TABLE_WM, self.table_watermark)
         return super().snapshot()
 
     def drop_key(self, key):

@@ -52,10 +52,11 @@ def _feed(logic, index, recs):
 
 def _keys_in_state(logic):
     """The user keys that own an entry in the backend (the state key's second element, or
-    the state key itself for stateful_map and count windows)."""
+    the state key itself for stateful_map and count windows); the instance's watermarks
+    (``"__watermark__"``, a lookup join's ``"__table_watermark__"``) are no key's."""
     keys = set()
     for k, _ in logic.state.items():
-        if k == "__watermark__":
+        if k in ("__watermark__", "__table_watermark__"):
             continue
         keys.add(k[1] if isinstance(k, tuple) and isinstance(k[0], str) and
                  k[0].startswith("__") else k)
