@@ -174,21 +174,27 @@ def test_windows_fire_what_the_model_fires_through_restores_and_rescales(
 
 
 class IdsColumnar(Aggregator):
-    """The ids of a window's records, in order, with a vectorized form for Arrow batches."""
+    """The ids of a window's records, in order, with a vectorized form for Arrow batches; a
+    list changed in place by ``add`` and ``merge`` (as an accumulator may be)."""
 
     def create(self):
-        return ()
+        return []
 
     def add(self, acc, record):
-        return (*acc, record["id"])
+        acc.append(record["id"])
+        return acc
 
     def merge(self, a, b):
-        return a + b
+        a.extend(b)
+        return a
+
+    def result(self, acc):
+        return tuple(acc)
 
     def reduce_segments(self, items, starts):
         ids = items.column("id").to_pylist()
         ends = [*starts.tolist()[1:], len(ids)]
-        return [tuple(ids[a:b]) for a, b in zip(starts.tolist(), ends)]
+        return [ids[a:b] for a, b in zip(starts.tolist(), ends)]
 
 
 @pytest.mark.parametrize("backend_name", ["memory", "rocksdb-0", "rocksdb-3"])

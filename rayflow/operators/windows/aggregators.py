@@ -16,7 +16,11 @@ A = TypeVar("A")
 
 
 class Aggregator(Generic[A]):
-    """How a window's records become one value: create, add, merge, result."""
+    """How a window's records become one value: create, add, merge, result.
+
+    ``add`` and ``merge`` may change their first accumulator in place and return it (as
+    Flink's ``AggregateFunction.merge`` may reuse an argument): a step keeps only what they
+    return, and never merges into an accumulator that another window still holds."""
 
     def create(self) -> A:
         raise NotImplementedError
