@@ -111,6 +111,40 @@ class _TagInstance(rf.dataflow.OperatorSpec):
         return L(ctx)
 
 
+class _SlowSnapshot(rf.dataflow.OperatorSpec):
+    """Passes records on; each snapshot takes 0.1 s."""
+
+    def build(self, ctx, resume_state=None):
+        from rayflow.core.operators import Logic, Output
+
+        class L(Logic):
+            def process(self, items, times):
+                return Output(items, times)
+
+            def snapshot(self):
+                time.sleep(0.1)
+                return "state"
+
+        return L(ctx)
+
+
+def test_a_steps_checkpoint_time_leaves_out_the_steps_chained_after_it(ray_session):
+    """Three steps chained in one actor, the last with a slow snapshot: passing the barrier
+    on snapshots the chained steps within the first one's call, and their time is theirs,
+    as a step's busy time leaves out the chained steps' work."""
+    f = rf.Dataflow("chk-time")
+    (f.source("in", rf.MemorySource(list(range(600))))
+      .map("head", lambda x: time.sleep(0.002) or x)
+      .apply("slow", _SlowSnapshot())
+      .sink("out", rf.CollectSink()))
+    job = f.run(stream={"batch_size": 20}, checkpoint={"interval_s": 0.2}, timeout_s=120)
+    assert job.collect("out") == list(range(600))
+    m = job.metrics()
+    assert m["slow"]["checkpoints"] >= 2 and m["head"]["checkpoints"] == m["slow"]["checkpoints"]
+    assert m["slow"]["checkpoint_s"] >= 0.1 * m["slow"]["checkpoints"]
+    assert m["head"]["checkpoint_s"] < 0.02 * m["head"]["checkpoints"]
+
+
 def test_rebalance_and_numpy_batches(ray_session):
     f = rf.Dataflow("np")
     (f.source("in", rf.GeneratorSource(lambda seq: seq, count=100_000, columnar=True))

@@ -207,9 +207,13 @@ class StepTask:
         cid = barrier.checkpoint_id
         t0 = time.perf_counter()
         handle = self._state(cid)
+        took = time.perf_counter() - t0
+        # passing the barrier on snapshots the steps chained after this one, in this call:
+        # their time is theirs (as busy time leaves out chained work), not this step's
         held = self._pass_barrier(barrier)
+        t1 = time.perf_counter()
         acked = self._with_channels(barrier, handle, held)
-        self._checkpointed(cid, acked, time.perf_counter() - t0)
+        self._checkpointed(cid, acked, took + time.perf_counter() - t1)
         self._ack(cid, acked)
 
     def _state(self, checkpoint_id: int) -> Any:
