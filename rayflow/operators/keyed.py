@@ -93,6 +93,21 @@ class _StatefulLogic(Logic):
                 n += 1
         return n
 
+    def process_input(self, index: int, items: Any, event_times: Any) -> Output:
+        """A batch, as the runtime hands it over. A key whose time to live has run out is
+        removed before the batch reads it, not only after the batch or at the next tick, so
+        an expired value is never seen (Flink's ``NeverReturnExpired``): its key starts
+        afresh."""
+        n = self.expire()
+        out = self.process_side(index, items, event_times)
+        if n:
+            out.expired += n
+        return out
+
+    def process_side(self, index: int, items: Any, event_times: Any) -> Output:
+        """The batch of input ``index`` (one-input steps: :meth:`process`)."""
+        return self.process(items, event_times)
+
     def with_expiry(self, out: Output | None) -> Output | None:
         """``out`` with the keys expired now counted in it."""
         n = self.expire()

@@ -134,7 +134,7 @@ class _LookupLogic(_StatefulLogic):
         raise TypeError(f"step {self.ctx.step_id!r}: a lookup join takes each batch with its "
                         f"input (process_input)")
 
-    def process_input(self, index, items, event_times):
+    def process_side(self, index, items, event_times):
         spec = self.spec
         if self.event_time:
             try:

@@ -90,6 +90,24 @@ def test_an_untouched_key_is_removed_and_counted(backend, name):
     assert (restored.on_tick(clock[0]) or None) is None  # nothing more to expire
 
 
+@pytest.mark.parametrize("name", list(SPECS))
+def test_an_expired_key_is_gone_before_a_batch_reads_it(backend, name):
+    """No tick and no batch since a key's time ran out: the next batch, as the runtime
+    hands it over, finds the key gone (Flink's NeverReturnExpired), not its stale state."""
+    spec, index = SPECS[name]
+    clock = [1000.0]
+    logic = spec.build(ctx_for(backend))
+    logic.now = lambda: clock[0]
+    recs = [("a", 1.0, 0)]
+    logic.process_input(index or 0, recs, np.array([1.0]))
+    clock[0] = 1015.0  # a untouched for 15 s, and nothing ran meanwhile
+    out = logic.process_input(index or 0, [("a", 2.0, 1)], np.array([2.0]))
+    assert out.expired == 1
+    assert _keys_in_state(logic) == {"a"}  # made again by the record
+    if name in ("stateful_map", "process"):
+        assert out.items == [("a", 1)]  # a starts over
+
+
 def test_without_ttl_nothing_expires(backend):
     logic = StatefulMap(lambda s, r: (1, 1), KEY).build(ctx_for(backend))
     logic.now = lambda: 1e12
