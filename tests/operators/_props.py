@@ -12,6 +12,27 @@ from rayflow.state import MemoryBackend, RocksDBBackend, backend_from_name
 GRID = 0.25  # event times are multiples of this: exact in binary, often on a window bound
 
 
+def draw_partition(draw, delay: float, keys: str, most: int, last_tick: int, misplace) -> list:
+    """One partition's records ``(key, t)`` in the order they arrive: up to ``most`` of
+    them, at times on the grid up to ``last_tick`` ticks, in order by their time plus a
+    jitter within ``delay``. ``misplace(t, arrival, m)``, with ``m`` drawn from 0-12 per
+    record, returns its ``(t, arrival)``: how a test puts a few records behind the
+    watermark."""
+    n = draw(st.integers(0, most))
+    ticks = sorted(draw(st.lists(st.integers(0, last_tick), min_size=n, max_size=n)))
+    names = draw(st.lists(st.sampled_from(keys), min_size=n, max_size=n))
+    jitter = draw(st.lists(st.integers(0, int(delay / GRID)), min_size=n, max_size=n))
+    moves = draw(st.lists(st.integers(0, 12), min_size=n, max_size=n))
+    recs = [(*misplace(tick * GRID, (tick + j) * GRID, m), key)
+            for tick, key, j, m in zip(ticks, names, jitter, moves)]
+    return [(key, t) for t, _, key in sorted(recs, key=lambda r: r[1])]
+
+
+def _arrive_late(t: float, arrival: float, m: int) -> tuple[float, float]:
+    """One record in six arrives 3 s or more after its place."""
+    return t, arrival + m * GRID * 4 if m > 10 else arrival
+
+
 @st.composite
 def streams(draw):
     """``(batches, watermarks)``: records ``(key, t, id)`` from 1-3 partitions, each in time
@@ -23,18 +44,9 @@ def streams(draw):
     parts = []
     rid = 0
     for _ in range(draw(st.integers(1, 3))):
-        n = draw(st.integers(0, 25))
-        ticks = sorted(draw(st.lists(st.integers(0, 48), min_size=n, max_size=n)))
-        keys = draw(st.lists(st.sampled_from("abcd"), min_size=n, max_size=n))
-        jitter = draw(st.lists(st.integers(0, int(delay / GRID)), min_size=n, max_size=n))
-        late = draw(st.lists(st.integers(0, 12), min_size=n, max_size=n))
-        recs = []
-        for tick, key, j, back in zip(ticks, keys, jitter, late):
-            t = tick * GRID
-            # in order by t + jitter (within delay); one in six far behind its place
-            recs.append((t + j * GRID + (back * GRID * 4 if back > 10 else 0.0), (key, t, rid)))
-            rid += 1
-        parts.append([r for _, r in sorted(recs, key=lambda x: x[0])])
+        part = draw_partition(draw, delay, "abcd", 25, 48, _arrive_late)
+        parts.append([(key, t, rid + i) for i, (key, t) in enumerate(part)])
+        rid += len(part)
     pos = [0] * len(parts)
     top = [-math.inf] * len(parts)
     batches, marks = [], []

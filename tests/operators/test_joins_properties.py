@@ -40,7 +40,7 @@ from rayflow.operators.windows import (  # noqa: E402
     SlidingWindow,
     TumblingWindow,
 )
-from tests.operators._props import GRID, backend_for  # noqa: E402
+from tests.operators._props import GRID, backend_for, draw_partition  # noqa: E402
 
 GAP = 1.0  # the session gap
 LEFT, RIGHT = 0, 1
@@ -64,6 +64,11 @@ def _key(record):
 
 # -- the input ---------------------------------------------------------------------------------
 
+def _older(t: float, arrival: float, m: int) -> tuple[float, float]:
+    """One record in three is 3-6 s older than its place: behind the watermark."""
+    return (t - (m - 6) * GRID * 4 if m > 8 else t), arrival
+
+
 @st.composite
 def two_inputs(draw):
     """Rounds ``(side, batch, (left watermark, right watermark))``: records ``(key, t, id)``
@@ -78,21 +83,10 @@ def two_inputs(draw):
         delay = draw(st.sampled_from([0.0, 0.5, 1.25]))
         delays.append(delay)
         for _ in range(draw(st.integers(1, 3))):
-            n = draw(st.integers(0, 12))
-            ticks = sorted(draw(st.lists(st.integers(0, 40), min_size=n, max_size=n)))
-            keys = draw(st.lists(st.sampled_from("abc"), min_size=n, max_size=n))
-            jitter = draw(st.lists(st.integers(0, int(delay / GRID)), min_size=n, max_size=n))
-            older = draw(st.lists(st.integers(0, 12), min_size=n, max_size=n))
-            recs = []
-            for tick, key, j, back in zip(ticks, keys, jitter, older):
-                t = tick * GRID
-                # in order by t + jitter (within delay); one in three 3-6 s older than its place
-                at = t + j * GRID
-                if back > 8:
-                    t -= (back - 6) * GRID * 4
-                recs.append((at, (key, t, f"{'LR'[side]}{rid}")))
-                rid += 1
-            parts.append((side, [r for _, r in sorted(recs, key=lambda x: x[0])]))
+            part = draw_partition(draw, delay, "abc", 12, 40, _older)
+            parts.append((side, [(key, t, f"{'LR'[side]}{rid + i}")
+                                 for i, (key, t) in enumerate(part)]))
+            rid += len(part)
     pos = [0] * len(parts)
     top = [-math.inf] * len(parts)
     rounds = []
