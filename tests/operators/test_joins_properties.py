@@ -26,21 +26,19 @@ from collections import Counter, defaultdict
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
-hypothesis = pytest.importorskip("hypothesis")
-from hypothesis import HealthCheck, given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
-
-from rayflow.core.operators import Rescaled, StepContext, owns  # noqa: E402
-from rayflow.operators.joins import IntervalJoin, WindowJoin  # noqa: E402
-from rayflow.operators.lookup import LookupJoin  # noqa: E402
-from rayflow.operators.windows import (  # noqa: E402
+from rayflow.core.operators import Rescaled, StepContext, owns
+from rayflow.operators.joins import IntervalJoin, WindowJoin
+from rayflow.operators.lookup import LookupJoin
+from rayflow.operators.windows import (
     EventTime,
     SessionWindow,
     SlidingWindow,
     TumblingWindow,
 )
-from tests.operators._props import GRID, backend_for, draw_partition  # noqa: E402
+from tests.operators._props import GRID, backend_for, draw_partition
 
 GAP = 1.0  # the session gap
 LEFT, RIGHT = 0, 1

@@ -12,15 +12,13 @@ import tempfile
 from collections import defaultdict
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
-pytest.importorskip("hypothesis")
-from hypothesis import HealthCheck, given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
-
-from rayflow.core.operators import Rescaled, StepContext, owns  # noqa: E402
-from rayflow.operators.process import KeyedProcessFunction, Process  # noqa: E402
-from rayflow.operators.stateful import StatefulMap  # noqa: E402
-from tests.operators._props import backend_for, streams  # noqa: E402
+from rayflow.core.operators import Rescaled, StepContext, owns
+from rayflow.operators.process import KeyedProcessFunction, Process
+from rayflow.operators.stateful import StatefulMap
+from tests.operators._props import backend_for, streams
 
 BACKENDS = ["memory", "filesystem", "rocksdb-0", "rocksdb-3"]
 SETTINGS = settings(max_examples=40, deadline=None,

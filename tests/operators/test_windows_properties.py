@@ -13,14 +13,12 @@ import tempfile
 from collections import defaultdict
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
-hypothesis = pytest.importorskip("hypothesis")
-from hypothesis import HealthCheck, given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
-
-from rayflow.core.operators import Rescaled, StepContext, owns  # noqa: E402
-from rayflow.core.records import Field  # noqa: E402
-from rayflow.operators.windows import (  # noqa: E402
+from rayflow.core.operators import Rescaled, StepContext, owns
+from rayflow.core.records import Field
+from rayflow.operators.windows import (
     Aggregator,
     CountWindow,
     EventTime,
@@ -29,7 +27,7 @@ from rayflow.operators.windows import (  # noqa: E402
     TumblingWindow,
     Windowed,
 )
-from tests.operators._props import backend_for, streams  # noqa: E402
+from tests.operators._props import backend_for, streams
 
 GAP = 1.0  # the session gap
 

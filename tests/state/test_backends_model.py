@@ -10,11 +10,9 @@ from __future__ import annotations
 import tempfile
 
 import pytest
-
-pytest.importorskip("hypothesis")
-from hypothesis import HealthCheck, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
-from hypothesis.stateful import (  # noqa: E402
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
     RuleBasedStateMachine,
     initialize,
     invariant,
@@ -22,7 +20,7 @@ from hypothesis.stateful import (  # noqa: E402
     rule,
 )
 
-from rayflow.state import FsBackend, MemoryBackend, RocksDBBackend  # noqa: E402
+from rayflow.state import FsBackend, MemoryBackend, RocksDBBackend
 
 KEYS = st.one_of(st.integers(0, 6), st.sampled_from(["a", "b", ("w", 1, (0.0, 1.0))]))
 VALUES = st.one_of(st.integers(-3, 3), st.tuples(st.integers(0, 3), st.text(max_size=2)),
