@@ -7,6 +7,7 @@ import math
 import pytest
 from hypothesis import strategies as st
 
+from rayflow.core.operators import Output, Rescaled, StepContext, owns
 from rayflow.state import MemoryBackend, RocksDBBackend, backend_from_name
 
 GRID = 0.25  # event times are multiples of this: exact in binary, often on a window bound
@@ -70,3 +71,46 @@ def backend_for(name: str, where: str):
         return backend_from_name("filesystem", where)
     pytest.importorskip("rocksdict")
     return RocksDBBackend(where, cache_entries=int(name.split("-")[1]))
+
+
+def _records_owned(batch: list, ctx: StepContext) -> list | None:
+    """The records of ``batch`` whose key (their first field) ``ctx``'s instance owns."""
+    return [rec for rec in batch if owns(rec[0], ctx)] or None
+
+
+def run_rounds(spec, backend, batches: list, marks: list | None, restore_at: int,
+               rescale_to: int, part_of=_records_owned, with_times: bool = False) -> list:
+    """A step over ``batches`` as the runtime drives it: each instance takes its part of a
+    batch (``part_of(batch, ctx)``, None: nothing of it) and then the watermark after it
+    (``marks``; None: no watermarks); after batch ``restore_at`` the step goes on from a
+    snapshot in ``rescale_to`` new instances. ``with_times``: each record's event time
+    (its second field) goes with it. Returns per batch, and once more for the end of the
+    input, the outputs the instances returned."""
+    def ctx(i=0, n=1):
+        return StepContext("prop", i, n, "prop", backend)
+
+    logics = [spec.build(ctx())]
+    rounds: list[list[Output]] = []
+    for r, batch in enumerate(batches):
+        outs = []
+        for logic in logics:
+            part = part_of(batch, logic.ctx)
+            if part is not None:
+                times = [rec[1] for rec in part] if with_times else None
+                outs.append(logic.process(part, times))
+            if marks is not None:
+                outs.append(logic.on_watermark(marks[r]))
+        rounds.append([o for o in outs if o is not None])
+        if r == restore_at:
+            handles = tuple(logic.snapshot() for logic in logics)
+            resume = handles[0] if len(logics) == rescale_to == 1 else Rescaled(
+                handles, len(logics))
+            for logic in logics:
+                logic.close()
+            logics = [spec.build(ctx(i, rescale_to), resume) for i in range(rescale_to)]
+    end = []
+    for logic in logics:
+        end.append(logic.on_end())
+        logic.close()
+    rounds.append([o for o in end if o is not None])
+    return rounds

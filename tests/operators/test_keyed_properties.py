@@ -15,10 +15,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rayflow.core.operators import Rescaled, StepContext, owns
 from rayflow.operators.process import KeyedProcessFunction, Process
 from rayflow.operators.stateful import StatefulMap
-from tests.operators._props import backend_for, streams
+from tests.operators._props import backend_for, run_rounds, streams
 
 BACKENDS = ["memory", "filesystem", "rocksdb-0", "rocksdb-3"]
 SETTINGS = settings(max_examples=40, deadline=None,
@@ -26,39 +25,13 @@ SETTINGS = settings(max_examples=40, deadline=None,
 
 
 def drive(spec, backend, batches, marks, restore_at, rescale_to, watermarks=True):
-    """The step over the rounds (a watermark after each when ``watermarks``); after round
-    ``restore_at`` it goes on from a snapshot in ``rescale_to`` new instances, each fed its
-    keys' records. Returns per round what it emitted, and the dead letters."""
-    def ctx(i=0, n=1):
-        return StepContext("keyed", i, n, "prop", backend)
-
-    logics = [spec.build(ctx())]
-    emitted, dead = [], []
-    for r, (batch, mark) in enumerate(zip(batches, marks)):
-        got: list = []
-        for logic in logics:
-            mine = [rec for rec in batch if owns(rec[0], logic.ctx)]
-            if mine:
-                out = logic.process(mine, [rec[1] for rec in mine])
-                got += out.items
-                dead += out.dead
-            if watermarks:
-                out = logic.on_watermark(mark)
-                got += out.items if out is not None else []
-        emitted.append(got)
-        if r == restore_at:
-            handles = tuple(logic.snapshot() for logic in logics)
-            resume = handles[0] if rescale_to == 1 else Rescaled(handles, 1)
-            for logic in logics:
-                logic.close()
-            logics = [spec.build(ctx(i, rescale_to), resume) for i in range(rescale_to)]
-    end: list = []
-    for logic in logics:
-        out = logic.on_end()
-        end += out.items if out is not None else []
-        logic.close()
-    emitted.append(end)
-    return emitted, dead
+    """The step over the rounds (see :func:`run_rounds`; a watermark after each when
+    ``watermarks``), each record with its time. Returns per round what it emitted, and
+    the dead letters."""
+    rounds = run_rounds(spec, backend, batches, marks if watermarks else None, restore_at,
+                        rescale_to, with_times=True)
+    return ([[item for out in outs for item in out.items] for outs in rounds],
+            [d for outs in rounds for out in outs for d in out.dead])
 
 
 # -- stateful_map -------------------------------------------------------------------------

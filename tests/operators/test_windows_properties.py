@@ -16,7 +16,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rayflow.core.operators import Rescaled, StepContext, owns
+from rayflow.core.operators import owns
 from rayflow.core.records import Field
 from rayflow.operators.windows import (
     Aggregator,
@@ -27,7 +27,7 @@ from rayflow.operators.windows import (
     TumblingWindow,
     Windowed,
 )
-from tests.operators._props import backend_for, streams
+from tests.operators._props import backend_for, run_rounds, streams
 
 GAP = 1.0  # the session gap
 
@@ -110,40 +110,19 @@ def model_sessions(batches, marks):
 
 
 def run_windows(spec, backend, batches, marks, restore_at, rescale_to):
-    """The step over the rounds; after round ``restore_at`` it goes on from a snapshot, in
-    ``rescale_to`` new instances (each fed its keys' records, every one the watermark).
-    Returns (per round the fired windows, late ids), each window once."""
-    def ctx(i=0, n=1):
-        return StepContext("win", i, n, "prop", backend)
-
-    logics = [spec.build(ctx())]
+    """The step over the rounds (see :func:`run_rounds`). Returns (per round the fired
+    windows, late ids), each window once."""
     fired, late = [], []
-    for r, (batch, mark) in enumerate(zip(batches, marks)):
+    for outs in run_rounds(spec, backend, batches, marks, restore_at, rescale_to):
         got = set()
-        for logic in logics:
-            mine = [rec for rec in batch if owns(rec[0], logic.ctx)]
-            if mine:
-                out = logic.process(mine, None)
-                assert not out.dead
-                late += [rec[2] for rec in out.side.get("late", ([], None))[0]]
-            out = logic.on_watermark(mark)
-            for res in out.items if out is not None else ():
+        for out in outs:
+            assert not out.dead
+            late += [rec[2] for rec in out.side.get("late", ([], None))[0]]
+            for res in out.items:
                 item = (res.key, res.start, res.end, res.value)
                 assert item not in got, f"{item} fired twice"
                 got.add(item)
         fired.append(got)
-        if r == restore_at:
-            handles = tuple(logic.snapshot() for logic in logics)
-            resume = handles[0] if len(logics) == rescale_to == 1 else Rescaled(
-                handles, len(logics))
-            for logic in logics:
-                logic.close()
-            logics = [spec.build(ctx(i, rescale_to), resume) for i in range(rescale_to)]
-    end = set()
-    for logic in logics:
-        end |= {(res.key, res.start, res.end, res.value) for res in logic.on_end().items}
-        logic.close()
-    fired.append(end)
     return fired, late
 
 
@@ -224,30 +203,23 @@ def test_count_windows_columnar_and_record_by_record_agree_with_the_model(
         if len(open_[k]) == size:
             want[k].append((len(want[k]), tuple(open_.pop(k))))
     spec = Windowed(CountWindow(size), IdsColumnar(), key_fn=Field("k"))
-    got: dict = defaultdict(list)
+
+    def part_of(batch, ctx):
+        rows = batch.to_pylist() if isinstance(batch, pa.Table) else batch
+        mine = [j for j, rec in enumerate(rows) if owns(rec["k"], ctx)]
+        if not mine:
+            return None
+        return batch.take(pa.array(mine, pa.int64())) if isinstance(batch, pa.Table) else [
+            batch[j] for j in mine]
+
     with tempfile.TemporaryDirectory() as where:
-        backend = backend_for(backend_name, where)
-        logics = [spec.build(StepContext("count", 0, 1, "prop", backend))]
-        for r, batch in enumerate(batches):
-            for logic in logics:
-                rows = batch.to_pylist() if isinstance(batch, pa.Table) else batch
-                mine = [j for j, rec in enumerate(rows) if owns(rec["k"], logic.ctx)]
-                if not mine:
-                    continue
-                part = batch.take(pa.array(mine, pa.int64())) if isinstance(
-                    batch, pa.Table) else [batch[j] for j in mine]
-                for res in logic.process(part, None).items:
-                    got[res.key].append((res.start, res.value))
-            if r == cut:
-                handle = logics[0].snapshot()
-                logics[0].close()
-                resume = handle if rescale_to == 1 else Rescaled((handle,), 1)
-                logics = [spec.build(StepContext("count", i, rescale_to, "prop", backend),
-                                     resume) for i in range(rescale_to)]
-        rest = {}
-        for logic in logics:
-            rest.update({res.key: (res.start, res.value) for res in logic.on_end().items})
-            logic.close()
+        rounds = run_rounds(spec, backend_for(backend_name, where), batches, None, cut,
+                            rescale_to, part_of)
+    got: dict = defaultdict(list)
+    for outs in rounds[:-1]:
+        for res in (res for out in outs for res in out.items):
+            got[res.key].append((res.start, res.value))
+    rest = {res.key: (res.start, res.value) for out in rounds[-1] for res in out.items}
     assert dict(got) == dict(want)
     assert rest == {k: (len(want[k]), tuple(ids)) for k, ids in open_.items() if ids}
 
