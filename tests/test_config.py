@@ -425,7 +425,7 @@ def test_the_process_profile_reaches_the_jobs_runtime_env_locally_and_on_a_clust
 
 
 _INLINE_PROBE = """
-import json, os, sys
+import json, os, sys, time
 import numpy as np
 import ray
 from rayflow._raycontext import ensure_ray
@@ -441,7 +441,14 @@ for inline in (None, "0"):  # the default, then Ray's own threshold (100 KiB)
     ensure_ray(None, num_cpus=1, include_dashboard=False)
     ref = half_a_megabyte.remote()
     assert ray.get(ref).nbytes == 500_000
-    seen.append(ray.experimental.get_object_locations([ref])[ref]["node_ids"])
+    # a stored object's location reaches the owner asynchronously: under load it can come
+    # a moment after the value (the inlined one never has one: read once)
+    for _ in range(100):
+        nodes = ray.experimental.get_object_locations([ref])[ref]["node_ids"]
+        if nodes or inline is None:
+            break
+        time.sleep(0.1)
+    seen.append(nodes)
     ray.shutdown()
 print("NODES", json.dumps(seen))
 """
