@@ -1,7 +1,7 @@
 """Bytewax on Nexmark queries, beside rayflow in ``bench_nexmark.py``: the same events (the
 generator's event dicts, made inside the source as the rayflow job's source makes them),
-each query written with Bytewax's own operators and rayflow's per-record functions (the
-same row building, the same ``stateful_map`` functions), one worker
+each query written with Bytewax's own operators and rayflow's functions (the same row
+building, the same per-key functions), one worker
 (``bytewax.run.cli_main(flow, workers_per_process=1)``, what ``python -m bytewax.run -w 1``
 calls), in a fresh process, into a sink that counts and drops. Per core = events / the CPU
 seconds of that process (all its threads) while the flow runs.
@@ -9,8 +9,8 @@ seconds of that process (all its threads) while the flow runs.
     python benchmarks/peers_nexmark.py q1 400000   # prints one JSON line
 
 Queries: the stateless ones (q0-q2, which rayflow runs on Arrow batches and Bytewax record
-by record, its only path) and the ``stateful_map`` ones (q18, q19), which Bytewax expresses
-with the same operator. Bytewax is in the ``peers`` extra; without it the rows are left out.
+by record, its only path) and the ``stateful_map_batches`` ones (q18, q19), which Bytewax
+expresses with its ``stateful_batch``: the same function, once per key and batch. Bytewax is in the ``peers`` extra; without it the rows are left out.
 """
 
 from __future__ import annotations
@@ -92,7 +92,21 @@ def _flow(query: str, n: int, counter: list):
         else:
             keyed = op.key_on("key", bids, lambda e: str(e["auction"]))
             fn = Q._q19_top
-        out = op.filter(f"{query}-changed", op.stateful_map(query, keyed, fn), Q._has_value)
+
+        class PerKey(op.StatefulBatchLogic):
+            """rayflow's per-key function: ``fn(state, values) -> (state, outputs)``."""
+
+            def __init__(self, state):
+                self.state = state
+
+            def on_batch(self, values):
+                self.state, outputs = fn(self.state, values)
+                return outputs, False
+
+            def snapshot(self):
+                return self.state
+
+        out = op.stateful_batch(query, keyed, PerKey)
     else:
         raise SystemExit(f"no Bytewax flow for {query}")
     op.output("out", out, Sink())

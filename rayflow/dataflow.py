@@ -414,6 +414,38 @@ class Stream:
             raise ConfigError(f"step {step_id!r}: {exc}") from None
         return self._then(step_id, "operator", spec, parallelism, on_error, options)
 
+    def stateful_map_batches(self, step_id: str, fn: Callable[[Any, list], tuple[Any, Any]],
+                             *, ttl_s: float | None = None, parallelism: int | None = None,
+                             on_error: OnError | None = None, **options: Any) -> Stream:
+        """Keep one state per key, updated once per key and batch: ``fn(state, values) ->
+        (state, outputs)``, where ``values`` are the key's records of the batch in order
+        (``state`` is None for a new key; a state of None drops the key). Emits ``(key,
+        output)`` for each of ``outputs``, keys in the order of their first record, at the
+        latest event time of the key's records. One call, one state read and one write per
+        key and batch, where :meth:`stateful_map` makes them per record (Bytewax's
+        ``stateful_batch``, Spark's ``flatMapGroupsWithState``). Which records share a
+        batch is not fixed (it differs after a failure), so ``fn`` should emit what does
+        not depend on it, such as the key's result so far. Needs a preceding
+        :meth:`key_by`; ``ttl_s`` as for :meth:`stateful_map`.
+
+        Example:
+            >>> from rayflow import Dataflow, MemorySource, CollectSink
+            >>> f = Dataflow("b")
+            >>> (f.source("in", MemorySource([3, 1, 2])).key_by(lambda x: "all")
+            ...   .stateful_map_batches("max", lambda m, xs: (max([m or 0, *xs]), ()))
+            ...   .sink("out", CollectSink()))
+        """
+        from rayflow.operators.stateful import StatefulMapBatches
+
+        if self._partitioning != "hash" or self._key_fn is None:
+            raise ConfigError(f"step {step_id!r}: stateful_map_batches() needs key_by(...) "
+                              f"before it")
+        try:
+            spec = StatefulMapBatches(fn, self._key_fn, ttl_s)
+        except ValueError as exc:
+            raise ConfigError(f"step {step_id!r}: {exc}") from None
+        return self._then(step_id, "operator", spec, parallelism, on_error, options)
+
     def process(self, step_id: str, fn: Any, *, ttl_s: float | None = None,
                 parallelism: int | None = None, on_error: OnError | None = None,
                 **options: Any) -> Stream:

@@ -991,24 +991,23 @@ def _bidder_auction(e: dict) -> tuple:
     return (e["bidder"], e["auction"])
 
 
-def _q18_latest(state, e):
+def _q18_latest(state, bids):
     """Per (bidder, auction): the bid with the latest time (ties: the largest row), emitted
-    with the number of bids seen when it becomes the latest: an updating result."""
+    with the number of bids seen when a batch's bids make a new one the latest: an updating
+    result, once per key and batch."""
     n, best = state or (0, None)
-    row = _bid_row(e)
-    n += 1
-    if best is not None and (best[5], best) >= (row[5], row):
-        return (n, best), None
-    return (n, row), (n, row)
+    top = best
+    for e in bids:
+        row = _bid_row(e)
+        if top is None or (row[5], row) > (top[5], top):
+            top = row
+    n += len(bids)
+    return (n, top), (() if top is best else ((n, top),))
 
 
 def _q18_build(events, columnar, config):
     return (events.filter("bids", _is_bid).key_by(_bidder_auction)
-            .stateful_map("q18-last", _q18_latest).filter("q18-changed", _has_value))
-
-
-def _has_value(keyed) -> bool:
-    return keyed[1] is not None
+            .stateful_map_batches("q18-last", _q18_latest))
 
 
 def _q18_reference(events):
@@ -1030,21 +1029,18 @@ def _top_order(row: tuple) -> tuple:
     return (-row[2], row[5], row)  # price descending, then earliest, then the row
 
 
-def _q19_top(state, e):
-    """Per auction: ``(bids seen, its top 10 bids)``; emits them when they change."""
+def _q19_top(state, bids):
+    """Per auction: ``(bids seen, its top 10 bids)``; emits them when a batch's bids change
+    the top 10 (the sort is stable and ends on the whole row, so ties are exact)."""
     n, top = state or (0, ())
-    row = _bid_row(e)
-    if len(top) == Q19_TOP and _top_order(row) >= _top_order(top[-1]):
-        return (n + 1, top), None  # it sorts after the tenth (a tie too: the sort is stable)
-    new = tuple(sorted(top + (row,), key=_top_order)[:Q19_TOP])
-    if new == top:
-        return (n + 1, top), None
-    return (n + 1, new), (n + 1, new)
+    new = tuple(sorted(top + tuple(map(_bid_row, bids)), key=_top_order)[:Q19_TOP])
+    n += len(bids)
+    return (n, new), (() if new == top else ((n, new),))
 
 
 def _q19_build(events, columnar, config):
     return (events.filter("bids", _is_bid).key_by(_auction_of)
-            .stateful_map("q19-top", _q19_top).filter("q19-changed", _has_value))
+            .stateful_map_batches("q19-top", _q19_top))
 
 
 def _q19_reference(events):

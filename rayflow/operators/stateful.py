@@ -1,5 +1,6 @@
-"""Keyed state per record: ``stateful_map`` (Bytewax's). Pure logic, no Ray; the state lives in
-the step's state backend, so it is checkpointed, restored and rescaled with the keys.
+"""Keyed state per record: ``stateful_map`` (Bytewax's), and per key and batch:
+``stateful_map_batches``. Pure logic, no Ray; the state lives in the step's state backend,
+so it is checkpointed, restored and rescaled with the keys.
 
 ``fn(state, value) -> (state, output)``: ``state`` is None the first time a key is seen;
 returning a state of None drops the key's state. Each record emits ``(key, output)``.
@@ -94,6 +95,123 @@ class _StatefulMapLogic(_StatefulLogic):
             self.touch(cache)
         times = None if event_times is None else np.asarray(event_times)
         return self.with_expiry(Output(out, drop_positions(times, failed), dead))
+
+    def on_tick(self, now):
+        return self.with_expiry(None)
+
+
+@dataclass(frozen=True)
+class StatefulMapBatches(OperatorSpec):
+    """``fn(state, values) -> (state, outputs)`` once per key and batch: ``values`` are the
+    key's records of the batch, in order; each of ``outputs`` is emitted as ``(key, output)``.
+
+        >>> from rayflow.core.operators import StepContext
+        >>> def total(acc, xs):  # one running total per key, emitted once per batch
+        ...     acc = (acc or 0) + sum(x for _, x in xs)
+        ...     return acc, [acc]
+        >>> spec = StatefulMapBatches(total, key_fn=lambda r: r[0])
+        >>> logic = spec.build(StepContext("s", 0, 1))
+        >>> logic.process([("a", 1), ("b", 5), ("a", 2)], None).items
+        [('a', 3), ('b', 5)]
+        >>> logic.process([("a", 4)], None).items
+        [('a', 7)]
+    """
+
+    fn: Callable[[Any, list], tuple[Any, Any]]
+    key_fn: Callable[[Any], Any]
+    ttl_s: float | None = None  # drop a key's state after this many seconds untouched
+
+    def __post_init__(self):
+        check_ttl(self.ttl_s)
+
+    def build(self, ctx: StepContext, resume_state: Any = None):
+        return _StatefulMapBatchesLogic(self, ctx, resume_state)
+
+
+class _StatefulMapBatchesLogic(_StatefulLogic):
+    """State: ``key -> state``, as ``stateful_map``'s (a step can change from one to the
+    other and resume from the same savepoint). A batch groups its records by key, reads
+    each key's state once, calls ``fn`` once per key and writes the state back once."""
+
+    def process(self, items, event_times):
+        fn, key_fn, state = self.spec.fn, self.spec.key_fn, self.state
+        dead: list = []
+        groups: dict = {}  # key -> its records, in order; keys in order of first record
+        latest: dict = {}  # key -> the latest event time of its records
+        if event_times is None:
+            for rec in rows(items):
+                try:
+                    key = key_fn(rec)
+                    group = groups.get(key)
+                except Exception as exc:  # noqa: BLE001 - user code (or an unhashable key)
+                    dead.append(self.dead(describe_exception(exc), rec))
+                    continue
+                if group is None:
+                    groups[key] = [rec]
+                else:
+                    group.append(rec)
+        else:
+            for rec, t in zip(rows(items), np.asarray(event_times, np.float64).tolist()):
+                try:
+                    key = key_fn(rec)
+                    group = groups.get(key)
+                except Exception as exc:  # noqa: BLE001
+                    dead.append(self.dead(describe_exception(exc), rec))
+                    continue
+                if group is None:
+                    groups[key] = [rec]
+                    latest[key] = t
+                else:
+                    group.append(rec)
+                    if t > latest[key]:
+                        latest[key] = t
+        keys = list(groups)
+        direct = self.state.direct_dict() if self.ttl_s is None else None
+        if direct is not None:
+            current = [direct.get(k) for k in keys]
+        elif state.batch_reads:
+            current = state.get_many(keys)
+        else:
+            current = [state.get(k) for k in keys]
+        out: list = []
+        out_t: list = []
+        writes: dict = {}
+        dropped: list = []
+        for key, cur in zip(keys, current):
+            values = groups[key]
+            try:
+                result = fn(cur, values)
+                if not isinstance(result, tuple) or len(result) != 2:
+                    raise TypeError(f"stateful_map_batches's function must return (state, "
+                                    f"outputs), got {result!r}")
+                new, outputs = result
+                outputs = () if outputs is None else list(outputs)
+            except Exception as exc:  # noqa: BLE001 - user code
+                reason = describe_exception(exc)
+                dead += [self.dead(reason, rec) for rec in values]
+                continue
+            if direct is not None:
+                if new is None:
+                    direct.pop(key, None)
+                else:
+                    direct[key] = new
+            elif new is not None:
+                writes[key] = new
+            elif cur is not None:
+                dropped.append(key)
+            if outputs:
+                out += [(key, o) for o in outputs]
+                if event_times is not None:
+                    out_t += [latest[key]] * len(outputs)
+        for key in dropped:
+            state.delete(key)
+            if self.ttl_s is not None:
+                state.delete((TTL, key))
+        if writes:
+            state.put_many(writes)  # one call: a write batch on RocksDB
+            self.touch(writes)
+        times = None if event_times is None else np.asarray(out_t, dtype=np.float64)
+        return self.with_expiry(Output(out, times, dead))
 
     def on_tick(self, now):
         return self.with_expiry(None)

@@ -1,5 +1,5 @@
-"""Property tests of the keyed steps without Ray (``stateful_map`` and keyed process
-functions with event-time timers): Hypothesis draws the input as for the window
+"""Property tests of the keyed steps without Ray (``stateful_map``, ``stateful_map_batches``
+and keyed process functions with event-time timers): Hypothesis draws the input as for the window
 properties (several partitions out of order, batches of any length, records far behind
 the watermark), the backend (RocksDB with a cache of a few entries among them) and the
 moments of a restore or a rescale, and a plain-Python model says what each round must
@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from rayflow.operators.process import KeyedProcessFunction, Process
-from rayflow.operators.stateful import StatefulMap
+from rayflow.operators.stateful import StatefulMap, StatefulMapBatches
 from tests.operators._props import backend_for, run_rounds, streams
 
 BACKENDS = ["memory", "filesystem", "rocksdb-0", "rocksdb-3"]
@@ -75,6 +75,63 @@ def test_stateful_map_folds_each_key_in_order_through_restores_and_rescales(
         for key, value in rnd:
             got[key].append((key, value))
     assert got == model_stateful_map(batches)
+
+
+# -- stateful_map_batches ---------------------------------------------------------------
+
+def running_batch(state, recs):
+    """A key's record count and id sum over a batch's records of the key, dropped (state
+    None) when the count reaches a multiple of 4; emits (count, sum, latest id) and, when
+    the batch held three or more records, a second output."""
+    n, total = state or (0, 0)
+    n, total = n + len(recs), total + sum(r[2] for r in recs)
+    outputs = [(n, total, recs[-1][2])] + ([("many", len(recs))] if len(recs) >= 3 else [])
+    return (None if n % 4 == 0 else (n, total)), outputs
+
+
+def model_stateful_map_batches(batches):
+    """Per round: the outputs of each key (a key's records of the round, in order, in one
+    call), each with the latest time of the key's records."""
+    state: dict = {}
+    rounds = []
+    for batch in batches:
+        groups: dict = defaultdict(list)
+        for rec in batch:
+            groups[rec[0]].append(rec)
+        got = {}
+        for key, recs in groups.items():
+            new, outputs = running_batch(state.get(key), recs)
+            if new is None:
+                state.pop(key, None)
+            else:
+                state[key] = new
+            latest = max(r[1] for r in recs)
+            got[key] = [((key, o), latest) for o in outputs]
+        rounds.append(got)
+    return rounds
+
+
+@pytest.mark.parametrize("backend_name", BACKENDS)
+@SETTINGS
+@given(stream=streams(), cut=st.integers(-1, 60), rescale_to=st.sampled_from([1, 2, 3]))
+def test_stateful_map_batches_folds_each_key_once_a_round_through_restores_and_rescales(
+        backend_name, stream, cut, rescale_to):
+    batches, marks = stream
+    spec = StatefulMapBatches(running_batch, key_fn=lambda r: r[0])
+    with tempfile.TemporaryDirectory() as where:
+        rounds = run_rounds(spec, backend_for(backend_name, where), batches, None, cut,
+                            rescale_to, with_times=True)
+    assert not [d for outs in rounds for out in outs for d in out.dead]
+    for outs, want in zip(rounds, model_stateful_map_batches(batches)):
+        got: dict = defaultdict(list)
+        for out in outs:
+            # a key's outputs together, keys in the order of their first record
+            keys = list(dict.fromkeys(item[0] for item in out.items))
+            assert keys == [k for k in want if k in keys]
+            for item, t in zip(out.items, out.event_times.tolist()):
+                got[item[0]].append((item, t))
+        assert dict(got) == want
+    assert rounds[-1] == []  # nothing at the end of the input
 
 
 # -- keyed process functions with event-time timers ----------------------------------------

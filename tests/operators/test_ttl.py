@@ -10,7 +10,7 @@ import pytest
 from rayflow.operators.joins import IntervalJoin, WindowJoin
 from rayflow.operators.lookup import LookupJoin
 from rayflow.operators.process import Process
-from rayflow.operators.stateful import StatefulMap
+from rayflow.operators.stateful import StatefulMap, StatefulMapBatches
 from rayflow.operators.windows import (
     Count,
     CountWindow,
@@ -33,6 +33,8 @@ def _element(rec, ctx):
 
 SPECS = {
     "stateful_map": (StatefulMap(lambda s, r: ((s or 0) + 1, (s or 0) + 1), KEY, TTL), None),
+    "stateful_map_batches": (StatefulMapBatches(
+        lambda s, rs: ((s or 0) + len(rs), [(s or 0) + len(rs)]), KEY, TTL), None),
     "count_window": (Windowed(CountWindow(5), Count(), KEY, ttl_s=TTL), None),
     "tumbling": (Windowed(TumblingWindow(1e6), Count(), KEY, EventTime(), TTL), None),
     "session": (Windowed(SessionWindow(1e6), Count(), KEY, EventTime(), TTL), None),
@@ -52,8 +54,9 @@ def _feed(logic, index, recs):
 
 def _keys_in_state(logic):
     """The user keys that own an entry in the backend (the state key's second element, or
-    the state key itself for stateful_map and count windows); the instance's watermarks
-    (``"__watermark__"``, a lookup join's ``"__table_watermark__"``) are no key's."""
+    the state key itself for stateful_map, stateful_map_batches and count windows); the
+    instance's watermarks (``"__watermark__"``, a lookup join's ``"__table_watermark__"``)
+    are no key's."""
     keys = set()
     for k, _ in logic.state.items():
         if k in ("__watermark__", "__table_watermark__"):
@@ -85,7 +88,7 @@ def test_an_untouched_key_is_removed_and_counted(backend, name):
     again = _feed(restored, index, [("a", 4.0, 2)])
     assert again.expired == 1
     assert _keys_in_state(restored) == {"a"}
-    if name in ("stateful_map", "process"):
+    if name in ("stateful_map", "stateful_map_batches", "process"):
         assert again.items == [("a", 1)]  # a starts over
     assert (restored.on_tick(clock[0]) or None) is None  # nothing more to expire
 
@@ -104,7 +107,7 @@ def test_an_expired_key_is_gone_before_a_batch_reads_it(backend, name):
     out = logic.process_input(index or 0, [("a", 2.0, 1)], np.array([2.0]))
     assert out.expired == 1
     assert _keys_in_state(logic) == {"a"}  # made again by the record
-    if name in ("stateful_map", "process"):
+    if name in ("stateful_map", "stateful_map_batches", "process"):
         assert out.items == [("a", 1)]  # a starts over
 
 
@@ -115,8 +118,10 @@ def test_without_ttl_nothing_expires(backend):
     assert logic.on_tick(0) is None and dict(logic.state.items()) == {"a": 1}
 
 
-def test_a_dropped_stateful_map_key_is_not_counted_as_expired(backend):
-    logic = StatefulMap(lambda s, r: (None, r), KEY, TTL).build(ctx_for(backend))
+@pytest.mark.parametrize("spec", [StatefulMap(lambda s, r: (None, r), KEY, TTL),
+                                  StatefulMapBatches(lambda s, rs: (None, rs), KEY, TTL)])
+def test_a_dropped_stateful_map_key_is_not_counted_as_expired(backend, spec):
+    logic = spec.build(ctx_for(backend))
     clock = [0.0]
     logic.now = lambda: clock[0]
     logic.process([("a", 1.0)], None)

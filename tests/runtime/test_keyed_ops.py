@@ -1,4 +1,4 @@
-"""Session windows, joins and stateful_map on the runtime: out-of-order input from several
+"""Session windows, joins, stateful_map and stateful_map_batches on the runtime: out-of-order input from several
 source instances, parallelism 1 (chained where the graph allows) and 3 (unchained), against
 plain Python."""
 
@@ -108,3 +108,78 @@ def test_stateful_map_counts_per_key(ray_session, par, chaining):
     per_key = Counter(k for k, _, _ in recs)
     assert Counter(job.collect("out")) == Counter(
         {(k, i): 1 for k, n in per_key.items() for i in range(1, n + 1)})
+
+
+def _ids_so_far(n, recs):
+    """stateful_map_batches: a key's count, emitted with the ids of the batch's records."""
+    n = (n or 0) + len(recs)
+    return n, [(n, [r[2] for r in recs])]
+
+
+def _check_counted_once(out, recs):
+    """Each key's updates count up by the ids they carry, and carry each of its records'
+    ids exactly once."""
+    by_key = defaultdict(list)
+    for key, (n, ids) in out:
+        by_key[key].append((n, ids))
+    want = defaultdict(list)
+    for k, _, i in recs:
+        want[k].append(i)
+    assert set(by_key) == set(want)
+    for key, updates in by_key.items():
+        updates.sort()
+        seen = 0
+        for n, ids in updates:
+            seen += len(ids)
+            assert n == seen
+        assert sorted(i for _, ids in updates for i in ids) == sorted(want[key])
+
+
+@pytest.mark.parametrize("par,chaining", CASES)
+def test_stateful_map_batches_counts_each_record_once(ray_session, par, chaining):
+    recs = _records(7, 3000, "b", keys=11)
+    f = rf.Dataflow(f"smb-{par}")
+    (f.source("src", rf.MemorySource(recs), parallelism=2)
+      .key_by(lambda r: r[0])
+      .stateful_map_batches("n", _ids_so_far, parallelism=par)
+      .sink("out", rf.CollectSink(), parallelism=par))
+    out = _run(f, chaining).collect("out")
+    _check_counted_once(out, recs)
+    assert len(out) < len(recs)  # batches of 64 from 2 sources over 11 keys: fewer calls
+
+
+def _decode_slowly(v):
+    import json
+    import time
+
+    time.sleep(0.001)  # stretch the run over several checkpoints
+    return tuple(json.loads(v))
+
+
+@pytest.mark.slow
+def test_stateful_map_batches_exactly_once_through_a_crash(ray_session, kafka_broker,
+                                                           new_topic, tmp_path):
+    """A crash while snapshotting: the committed updates still count every record once."""
+    import json
+
+    from rayflow.connectors.kafka import produce, read_values
+    from rayflow.operators.stateful import StatefulMapBatches
+    from rayflow.testing import CrashDuringCheckpoint
+
+    bs = kafka_broker.bootstrap
+    recs = _records(8, 2000, "x", keys=7)
+    t_in, t_out = new_topic(2), new_topic(1)
+    produce(bs, t_in, [json.dumps(r).encode() for r in recs], partitions=2)
+    spec = CrashDuringCheckpoint(StatefulMapBatches(_ids_so_far, lambda r: r[0]), 2,
+                                 str(tmp_path / "m"))
+    f = rf.Dataflow("smb-eos")
+    (f.source("src", rf.KafkaSource(t_in, bootstrap=bs, bounded=True), parallelism=2)
+      .map("decode", _decode_slowly, parallelism=2)
+      .key_by(lambda r: r[0]).apply("n", spec, parallelism=2)
+      .map("fmt", lambda r: json.dumps(r).encode())
+      .sink("out", rf.KafkaSink(t_out, bootstrap=bs)))
+    job = f.run(checkpoint={"interval_s": 0.3, "processing_guarantee": "exactly_once"},
+                stream={"batch_size": 20}, timeout_s=180)
+    assert (tmp_path / "m").exists() and len(job.recoveries) == 1
+    out = [json.loads(v) for v in read_values(bs, t_out, "read_committed")]
+    _check_counted_once([(k, (n, ids)) for k, (n, ids) in out], recs)
