@@ -134,37 +134,8 @@ class _StatefulMapBatchesLogic(_StatefulLogic):
     each key's state once, calls ``fn`` once per key and writes the state back once."""
 
     def process(self, items, event_times):
-        fn, key_fn, state = self.spec.fn, self.spec.key_fn, self.state
-        dead: list = []
-        groups: dict = {}  # key -> its records, in order; keys in order of first record
-        latest: dict = {}  # key -> the latest event time of its records
-        if event_times is None:
-            for rec in rows(items):
-                try:
-                    key = key_fn(rec)
-                    group = groups.get(key)
-                except Exception as exc:  # noqa: BLE001 - user code (or an unhashable key)
-                    dead.append(self.dead(describe_exception(exc), rec))
-                    continue
-                if group is None:
-                    groups[key] = [rec]
-                else:
-                    group.append(rec)
-        else:
-            for rec, t in zip(rows(items), np.asarray(event_times, np.float64).tolist()):
-                try:
-                    key = key_fn(rec)
-                    group = groups.get(key)
-                except Exception as exc:  # noqa: BLE001
-                    dead.append(self.dead(describe_exception(exc), rec))
-                    continue
-                if group is None:
-                    groups[key] = [rec]
-                    latest[key] = t
-                else:
-                    group.append(rec)
-                    if t > latest[key]:
-                        latest[key] = t
+        fn, state = self.spec.fn, self.state
+        groups, latest, dead = self.group_by_key(items, event_times)
         keys = list(groups)
         direct = self.state.direct_dict() if self.ttl_s is None else None
         if direct is not None:
@@ -201,7 +172,7 @@ class _StatefulMapBatchesLogic(_StatefulLogic):
                 dropped.append(key)
             if outputs:
                 out += [(key, o) for o in outputs]
-                if event_times is not None:
+                if latest is not None:
                     out_t += [latest[key]] * len(outputs)
         for key in dropped:
             state.delete(key)
@@ -210,7 +181,7 @@ class _StatefulMapBatchesLogic(_StatefulLogic):
         if writes:
             state.put_many(writes)  # one call: a write batch on RocksDB
             self.touch(writes)
-        times = None if event_times is None else np.asarray(out_t, dtype=np.float64)
+        times = None if latest is None else np.asarray(out_t, dtype=np.float64)
         return self.with_expiry(Output(out, times, dead))
 
     def on_tick(self, now):
