@@ -50,6 +50,58 @@ def test_snapshots_are_isolated_from_later_writes(backend):
         st.close()
 
 
+def test_snapshots_restore_shared_cyclic_and_deep_values(backend):
+    """Snapshots pickle without pickle's memo (faster): a value shared by two keys comes
+    back equal, as a copy each; a value that refers to itself takes the memo after all and
+    comes back as the same cycle; deeply nested values come back whole."""
+    s = backend.open("step", 2, "job")
+    shared = ["x", 1]
+    cyclic: list = ["c"]
+    cyclic.append(cyclic)
+    deep: list = []
+    inner = deep
+    for _ in range(120):
+        inner.append([])
+        inner = inner[0]
+    s.put("a", (shared, "s"))
+    s.put("b", {"also": shared})
+    s.put("deep", deep)
+    h1 = s.snapshot(1)
+    s.put("cycle", cyclic)
+    s.put("a", (shared, "t"))  # a delta (memory), with the cycle in it
+    h2 = s.snapshot(2)
+    r1 = backend.open("step", 2, "job", h1)
+    r2 = backend.open("step", 2, "job", h2)
+    assert r1.get("a") == (["x", 1], "s") and r1.get("b") == {"also": ["x", 1]}
+    assert r1.get("deep") == deep and r1.get("cycle") is None
+    got = r2.get("cycle")
+    assert got[0] == "c" and got[1] is got
+    assert r2.get("a") == (["x", 1], "t") and r2.get("deep") == deep
+    for st in (s, r1, r2):
+        st.close()
+
+
+def test_dump_state_falls_back_to_the_memo_for_a_cycle_only():
+    import io
+    import pickle
+
+    from rayflow.state.backends import dump_state, dumps_state
+
+    value = {"k": [("row", i) for i in range(50)], "s": "same"}
+    assert pickle.loads(dumps_state(value)) == value
+    shared = ("a" * 100,)
+    # without the memo, a shared object is written once per reference
+    assert len(dumps_state([shared] * 10)) > len(pickle.dumps([shared] * 10, protocol=5))
+    cycle: list = [1]
+    cycle.append(cycle)
+    f = io.BytesIO(b"head")
+    f.seek(4)
+    dump_state({"c": cycle}, f)  # the failed fast attempt is cut off, the rest stays
+    assert f.getvalue()[:4] == b"head"
+    back = pickle.loads(f.getvalue()[4:])
+    assert back["c"][1] is back["c"]
+
+
 def test_backend_names_and_errors(tmp_path):
     assert isinstance(backend_from_name("memory"), MemoryBackend)
     assert isinstance(backend_from_name("fs", str(tmp_path)), FsBackend)
