@@ -467,10 +467,11 @@ def _w7(doc: dict, ctx: _Ctx) -> list[str]:
                      + [start_up(r), r.get("peak_rss_mib")]
                      for r in rows])
     if bytewax:
-        lines += ["", "Bytewax: the same events and the query with its own operators (and "
-                  "rayflow's per-record functions), one worker in a process of its own, in the "
-                  "same rounds; it runs record by record, where rayflow's q0-q2 run on Arrow "
-                  "batches."]
+        lines += ["", "Bytewax: the same events and the query with its own operators and "
+                  "rayflow's functions, one worker in a process of its own, in the same rounds. "
+                  "q0-q2 run record by record there, on Arrow batches in rayflow; q18 and q19 "
+                  "run the same per-key function once per key and batch in both (Bytewax's "
+                  "`stateful_batch`, rayflow's `stateful_map_batches`)."]
     # Flink's figures are exactly-once runs: the at-least-once rows are the checkpoint
     # cost's baseline, not a configuration to set beside them
     rows = [r for r in rows if _guarantee(r) == "exactly_once"]
