@@ -671,26 +671,31 @@ def _auction_key(e: dict) -> int:
     return e["id"] if e["kind"] == "auction" else e["auction"]
 
 
-def _q20_step(state, e):
-    """Per auction id: ``(auction or None, bids that came before it)``. As Flink's regular
-    join without a state TTL, an auction stays in the state for later bids; the bids of an
-    auction of another category are dropped as they come."""
+def _q20_step(state, events):
+    """Per auction id: ``(auction or None, bids that came before it)``, over the auction's
+    events of a batch in turn. As Flink's regular join without a state TTL, an auction stays
+    in the state for later bids; the bids of an auction of another category are dropped as
+    they come. Emits the joined rows."""
     auction, early = state or (None, ())
-    if e["kind"] == "auction":
-        if e["category"] != Q20_CATEGORY:
-            return ({"category": e["category"]}, ()), []
-        return (e, ()), [_q20_row(b, e) for b in early]
-    if auction is None:
-        return (None, early + (e,)), []
-    if auction["category"] != Q20_CATEGORY:
-        return state, []
-    return state, [_q20_row(e, auction)]
+    out = []
+    for e in events:
+        if e["kind"] == "auction":
+            if e["category"] != Q20_CATEGORY:
+                auction, early = {"category": e["category"]}, ()
+            else:
+                out += [_q20_row(b, e) for b in early]
+                auction, early = e, ()
+        elif auction is None:
+            early += (e,)
+        elif auction["category"] == Q20_CATEGORY:
+            out.append(_q20_row(e, auction))
+    return (auction, early), out
 
 
 def _q20_build(events, columnar, config):
     joined = (events.filter("bids-auctions", _bid_or_auction).key_by(_auction_key)
-              .stateful_map("q20-join", _q20_step))
-    return joined.flat_map("q20", _value_of)
+              .stateful_map_batches("q20-join", _q20_step))
+    return joined.map("q20", _value_of)
 
 
 def _q20_reference(events):
