@@ -10,7 +10,8 @@ seconds of that process (all its threads) while the flow runs.
 
 Queries: the stateless ones (q0-q2, which rayflow runs on Arrow batches and Bytewax record
 by record, its only path) and the ``stateful_map_batches`` ones (q18, q19), which Bytewax
-expresses with its ``stateful_batch``: the same function, once per key and batch. Bytewax is in the ``peers`` extra; without it the rows are left out.
+expresses with its ``stateful_batch``: the same function, once per key and batch. Bytewax
+is in the ``peers`` extra; without it the rows are left out.
 """
 
 from __future__ import annotations

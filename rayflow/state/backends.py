@@ -20,13 +20,16 @@ V = TypeVar("V")
 def dump_state(obj: Any, file: Any) -> None:
     """Pickle a state for a snapshot into ``file`` without pickle's memo (its ``fast``
     mode): a state of many small values (a key's tuples, their strings) pickles about 3x
-    faster (0.10 s against 0.031 s for 95,000 Nexmark bids on the 2-core VM), and a little
-    larger where objects are shared, each reference being written in full. A restore then
-    holds a copy per reference, as values should be (a state's values are values). A value
-    that refers to itself (a cycle) needs the memo: that snapshot is pickled as usual."""
+    faster (0.10 s against 0.031 s for 95,000 Nexmark bids on the 2-core VM). An object
+    that several values share is written once per reference, so a restore gives each its
+    own copy, as RocksDB (a pickle per value) and Flink's serializers do. A value that
+    refers to itself (a cycle) needs the memo: that snapshot is pickled as usual."""
     start = file.tell()
     pickler = pickle.Pickler(file, protocol=pickle.HIGHEST_PROTOCOL)
-    pickler.fast = True  # (deprecated, still in 3.13: no memo)
+    try:
+        pickler.fast = True  # (a deprecated attribute: without it, the memo is used)
+    except AttributeError:
+        pass
     try:
         pickler.dump(obj)
     except ValueError:  # "fast mode: can't pickle cyclic objects"
