@@ -101,9 +101,10 @@ class _StatefulMapLogic(_StatefulLogic):
 
 
 @dataclass(frozen=True)
-class StatefulMapBatches(OperatorSpec):
+class StatefulMapBatches(StatefulMap):
     """``fn(state, values) -> (state, outputs)`` once per key and batch: ``values`` are the
-    key's records of the batch, in order; each of ``outputs`` is emitted as ``(key, output)``.
+    key's records of the batch, in order; each of ``outputs`` is emitted as ``(key, output)``
+    (the fields are :class:`StatefulMap`'s, and so is the state).
 
         >>> from rayflow.core.operators import StepContext
         >>> def total(acc, xs):  # one running total per key, emitted once per batch
@@ -116,13 +117,6 @@ class StatefulMapBatches(OperatorSpec):
         >>> logic.process([("a", 4)], None).items
         [('a', 7)]
     """
-
-    fn: Callable[[Any, list], tuple[Any, Any]]
-    key_fn: Callable[[Any], Any]
-    ttl_s: float | None = None  # drop a key's state after this many seconds untouched
-
-    def __post_init__(self):
-        check_ttl(self.ttl_s)
 
     def build(self, ctx: StepContext, resume_state: Any = None):
         return _StatefulMapBatchesLogic(self, ctx, resume_state)
