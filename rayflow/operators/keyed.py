@@ -9,17 +9,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
-
-from rayflow.core.operators import (
-    Logic,
-    Output,
-    Rescaled,
-    StepContext,
-    describe_exception,
-    owns,
-)
-from rayflow.core.records import rows
+from rayflow.core.operators import Logic, Output, Rescaled, StepContext, owns
 from rayflow.operators.queues import WindowQueue
 from rayflow.state.backends import MemoryBackend
 
@@ -72,43 +62,6 @@ class _StatefulLogic(Logic):
         if direct is None:
             return None, {}, unread
         return direct, direct, None
-
-    def group_by_key(self, items: Any, event_times: Any) -> tuple[dict, dict | None, list]:
-        """A batch's records by key: ``(groups, latest, dead)``, where ``groups`` maps each
-        key to its records in order (keys in the order of their first record), ``latest``
-        each key to the latest event time of its records (None without times), and
-        ``dead`` holds a dead letter per record whose key could not be made."""
-        key_fn, dead = self.spec.key_fn, []
-        groups: dict = {}
-        if event_times is None:
-            for rec in rows(items):
-                try:
-                    key = key_fn(rec)
-                    group = groups.get(key)
-                except Exception as exc:  # noqa: BLE001 - user code (or an unhashable key)
-                    dead.append(self.dead(describe_exception(exc), rec))
-                    continue
-                if group is None:
-                    groups[key] = [rec]
-                else:
-                    group.append(rec)
-            return groups, None, dead
-        latest: dict = {}
-        for rec, t in zip(rows(items), np.asarray(event_times, np.float64).tolist()):
-            try:
-                key = key_fn(rec)
-                group = groups.get(key)
-            except Exception as exc:  # noqa: BLE001
-                dead.append(self.dead(describe_exception(exc), rec))
-                continue
-            if group is None:
-                groups[key] = [rec]
-                latest[key] = t
-            else:
-                group.append(rec)
-                if t > latest[key]:
-                    latest[key] = t
-        return groups, latest, dead
 
     # -- time to live ----------------------------------------------------------------------
     def touch(self, keys: Any) -> None:

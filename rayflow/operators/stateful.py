@@ -129,9 +129,9 @@ class _StatefulMapBatchesLogic(_StatefulLogic):
 
     def process(self, items, event_times):
         fn, state = self.spec.fn, self.state
-        groups, latest, dead = self.group_by_key(items, event_times)
+        groups, latest, dead = self._group(items, event_times)
         keys = list(groups)
-        direct = self.state.direct_dict() if self.ttl_s is None else None
+        direct, _, _ = self.batch_cache(None)  # a dict state, written in place
         if direct is not None:
             current = [direct.get(k) for k in keys]
         elif state.batch_reads:
@@ -180,3 +180,40 @@ class _StatefulMapBatchesLogic(_StatefulLogic):
 
     def on_tick(self, now):
         return self.with_expiry(None)
+
+    def _group(self, items: Any, event_times: Any) -> tuple[dict, dict | None, list]:
+        """A batch's records by key: ``(groups, latest, dead)``, where ``groups`` maps each
+        key to its records in order (keys in the order of their first record), ``latest``
+        each key to the latest event time of its records (None without times), and
+        ``dead`` holds a dead letter per record whose key could not be made."""
+        key_fn, dead = self.spec.key_fn, []
+        groups: dict = {}
+        if event_times is None:
+            for rec in rows(items):
+                try:
+                    key = key_fn(rec)
+                    group = groups.get(key)
+                except Exception as exc:  # noqa: BLE001 - user code (or an unhashable key)
+                    dead.append(self.dead(describe_exception(exc), rec))
+                    continue
+                if group is None:
+                    groups[key] = [rec]
+                else:
+                    group.append(rec)
+            return groups, None, dead
+        latest: dict = {}
+        for rec, t in zip(rows(items), np.asarray(event_times, np.float64).tolist()):
+            try:
+                key = key_fn(rec)
+                group = groups.get(key)
+            except Exception as exc:  # noqa: BLE001
+                dead.append(self.dead(describe_exception(exc), rec))
+                continue
+            if group is None:
+                groups[key] = [rec]
+                latest[key] = t
+            else:
+                group.append(rec)
+                if t > latest[key]:
+                    latest[key] = t
+        return groups, latest, dead
