@@ -53,13 +53,16 @@ def _feed(logic, index, recs):
 
 
 def _keys_in_state(logic):
-    """The user keys that own an entry in the backend (the state key's second element, or
-    the state key itself for stateful_map, stateful_map_batches and count windows); the
-    instance's watermarks (``"__watermark__"``, a lookup join's ``"__table_watermark__"``)
-    are no key's."""
+    """The user keys that own an entry in the backend (the state key's second element, a
+    window's partial's third, ``("__p", window, key, seq)``, or the state key itself for
+    stateful_map, stateful_map_batches and count windows); the instance's watermarks
+    (``"__watermark__"``, a lookup join's ``"__table_watermark__"``) are no key's."""
     keys = set()
     for k, _ in logic.state.items():
         if k in ("__watermark__", "__table_watermark__"):
+            continue
+        if isinstance(k, tuple) and k[0] == "__p":
+            keys.add(k[2])
             continue
         keys.add(k[1] if isinstance(k, tuple) and isinstance(k[0], str) and
                  k[0].startswith("__") else k)

@@ -298,3 +298,101 @@ def test_the_checkpoint_settings_choose_the_backend_and_its_cache(tmp_path):
         .rocksdb_cache_entries == 5
     with pytest.raises(ConfigError, match="rocksdb_cache_entries"):
         load_config(checkpoint={"rocksdb_cache_entries": -1})
+
+
+@pytest.mark.parametrize("cache_entries", [0, 3, 1000])
+@pytest.mark.parametrize("seed", range(4))
+def test_rocksdb_partials_merge_in_order_through_snapshots_and_rescales(tmp_path, cache_entries,
+                                                                         seed):
+    """Partials added to namespaces (keys that are each other's prefix as text, tuples,
+    numbers; a cache that holds none, some or all of them) come back from ``take_partials``
+    as one value per key, merged in the order they were added (list concatenation, which
+    order changes), as a plain dict of lists says; ``drop_partials`` removes one key's; a
+    snapshot restores them, and ``items``/``put`` carry them to another state (a rescale).
+    A namespace taken is gone, from RocksDB too."""
+    pytest.importorskip("rocksdict")
+    import operator
+    import pickle
+    import random
+
+    rng = random.Random(seed)
+    keys = ["a", "ab", "abc", ("t", 1), ("t", 10), 1, 10, 1.5, b"a"]
+    spaces = [(0.0, 1.0), (1.0, 2.0), ("w", 3)]
+    be = RocksDBBackend(str(tmp_path), cache_entries=cache_entries)
+    s = be.open("step", 0, "job")
+    s.put("plain", 42)  # an ordinary entry beside the partials
+    model: dict = {}
+    n = 0
+
+    def check_take(st, ns):
+        want = {k: v for (space, k), v in model.items() if space == ns}
+        got = st.take_partials(ns, operator.add)
+        assert len(got) == len({k for k, _ in got})  # each key once
+        assert dict(got) == want
+        for k in want:
+            del model[(ns, k)]
+        assert st.take_partials(ns, operator.add) == []
+
+    for step in range(60):
+        op = rng.random()
+        if op < 0.7:
+            ns = rng.choice(spaces)
+            pairs = {}
+            for k in rng.sample(keys, rng.randint(1, len(keys))):
+                n += 1
+                pairs[k] = [n]
+                model[(ns, k)] = model.get((ns, k), []) + [n]
+            s.add_partials(ns, pairs, operator.add)
+        elif op < 0.8:
+            check_take(s, rng.choice(spaces))
+        elif op < 0.87:
+            ns, k = rng.choice(spaces), rng.choice(keys)
+            s.drop_partials(ns, k)
+            model.pop((ns, k), None)
+        elif op < 0.94:  # restore from a snapshot: the same partials
+            h = s.snapshot(step)
+            s.close()
+            s = be.open("step", 0, "job", h)
+        else:  # a rescale: every entry through items() into a fresh state
+            fresh = be.open("step", 1, "job")
+            for k, v in s.items():
+                fresh.put(k, v)
+            s.close()
+            s = fresh
+    assert s.get("plain") == 42
+    for ns in spaces:
+        check_take(s, ns)
+    assert model == {}
+    s.flush()
+    assert list(s.db.keys()) == [pickle.dumps("plain")]  # no partial left in RocksDB
+    s.close()
+
+
+@pytest.mark.parametrize("cache_entries", [0, 2])
+def test_rocksdb_partials_of_a_long_window_are_folded_and_stay_bounded(tmp_path, monkeypatch,
+                                                                        cache_entries):
+    """A namespace that keeps getting partials (a long window, its keys in every batch) is
+    folded once it holds ``FOLD_AT`` of them and twice what its last fold left: RocksDB
+    never holds more than ``FOLD_AT`` partials or two per key of it, and the values are
+    what they would be unfolded, in order."""
+    pytest.importorskip("rocksdict")
+    import operator
+
+    from rayflow.state import backends
+
+    monkeypatch.setattr(backends, "FOLD_AT", 20)
+    s = RocksDBBackend(str(tmp_path), cache_entries=cache_entries).open("step", 0, "job")
+    ns, keys, want = ("w", 0), [f"k{i}" for i in range(6)], {}
+    most = 0
+    for b in range(200):
+        pairs = {k: [b] for k in keys[b % 3:]}  # 4 to 6 keys a batch
+        for k, v in pairs.items():
+            want[k] = want.get(k, []) + v
+        s.add_partials(ns, pairs, operator.add)
+        if b % 7 == 0:
+            s.write_out()  # (a snapshot's write-out: the cached partials too)
+        on_disk = sum(1 for k in s.db.keys() if k[:1] == b"\x00")
+        most = max(most, on_disk)
+    assert most <= max(20, 2 * len(keys)) + len(keys)  # (+ the batch that triggers a fold)
+    assert dict(s.take_partials(ns, operator.add)) == want
+    s.close()

@@ -26,6 +26,7 @@ from rayflow.operators.windows.windowers import (
     WindowResult,
     result_times,
 )
+from rayflow.state.backends import PARTIAL
 
 _MISSING = object()
 
@@ -247,13 +248,22 @@ class _TimeLogic(_StatefulLogic):
     watermark. Open windows also sit in a queue ordered by their end, with the keys that
     have each open (:class:`WindowKeys`; their state keys where the state holds its keys in
     memory), so a batch costs what it adds and what fires, not a walk over every open
-    window."""
+    window.
+
+    On a state that keeps partials (RocksDB), with an aggregator that merges, a window is
+    a namespace of partials instead (see ``KeyValueState.add_partials``): a batch adds
+    each key's accumulator of the batch to its window without reading the state, and a
+    firing takes the window's namespace whole. The queue then holds the windows alone."""
 
     WM = "__watermark__"
+    #: whether this logic may keep its windows as partials (sliced windows do not)
+    uses_partials = True
 
     def routing_key(self, state_key):
         if isinstance(state_key, tuple) and len(state_key) == 3 and state_key[0] == "__w":
             return state_key[1]
+        if isinstance(state_key, tuple) and len(state_key) == 4 and state_key[0] == PARTIAL:
+            return state_key[2]
         return _GLOBAL
 
     def __init__(self, spec, ctx, resume_state):
@@ -266,6 +276,11 @@ class _TimeLogic(_StatefulLogic):
         # keys); RocksDB keeps them on disk, so there the queue keeps the keys alone
         self._skeys = self.state.holds_keys
         self.fired = WindowKeys()
+        agg = spec.aggregator
+        self._partials = (self.uses_partials and self.state.supports_partials
+                          and _merges(agg))
+        self._merge = agg.merge
+        self._queued: set = set()  # with partials: the windows in the queue
         # with ttl_s: each key's open windows, so an expired key's windows can be deleted
         self._open: dict | None = {} if self.ttl_s is not None else None
         for k, _ in self.state.items():
@@ -273,10 +288,23 @@ class _TimeLogic(_StatefulLogic):
                 self.fired.add(k if self._skeys else k[1], k[2])
                 if self._open is not None:
                     self._open.setdefault(k[1], set()).add(k[2])
+            elif isinstance(k, tuple) and len(k) == 4 and k[0] == PARTIAL:
+                self._queue_window(k[1])
+                if self._open is not None:
+                    self._open.setdefault(k[2], set()).add(k[1])
+
+    def _queue_window(self, window: tuple) -> None:
+        """With partials: ``window`` is open (for some key)."""
+        if window not in self._queued:
+            self._queued.add(window)
+            self.fired.add_many(window, [])
 
     def drop_key(self, key):
         for window in (self._open or {}).pop(key, ()):
-            self.state.delete(("__w", key, window))
+            if self._partials:
+                self.state.drop_partials(window, key)
+            else:
+                self.state.delete(("__w", key, window))
 
     def snapshot(self):
         self.state.put(self.WM, self.watermark)
@@ -306,6 +334,8 @@ class _TimeLogic(_StatefulLogic):
                 spec.windower.windows_of_many(np.where(finite, times, 0.0)), finite.tolist())]
         recs = rows(items)
         keys = _keys(key_fn, recs)
+        if self._partials:
+            return self._add_partials(recs, t_list, windows_of, keys)
         if direct is None and state.batch_reads:  # one multi-get of the batch's windows
             wanted = _wanted(keys, windows_of, wm)  # (None where absent)
             cache.update(zip(wanted, state.get_many(wanted)))
@@ -345,6 +375,55 @@ class _TimeLogic(_StatefulLogic):
         if self.ttl_s is not None:
             self.touch({skey[1]: None for skey in cache})
         side = {"late": (late, np.asarray(late_t, dtype=np.float64))} if late else {}
+        if self.event_time:
+            return self.with_expiry(Output([], None, dead, side))
+        out = self._fire(time.time())  # processing time: the clock is the watermark
+        return self.with_expiry(Output(out.items, out.event_times, dead, side))
+
+    def _add_partials(self, recs: list, t_list: list, windows_of: list,
+                      keys: list) -> Output | None:
+        """:meth:`process` with partials: each key's records of the batch in each of its
+        windows become one accumulator, added to the window's namespace unread."""
+        agg, wm = self.spec.aggregator, self.watermark
+        add, create = agg.add, agg.create
+        dead, late, late_t = [], [], []
+        parts: dict = {}  # window -> {key: the batch's accumulator}
+        for rec, t, windows, key in zip(recs, t_list, windows_of, keys):
+            if windows is None:
+                dead.append(self.dead(not_finite(t), rec))
+                continue
+            if key.__class__ is _KeyFailed:
+                dead.append(self.dead(key.reason, rec))
+                continue
+            placed = False
+            for window in windows:
+                if window[1] <= wm:
+                    continue  # that window has closed
+                accs = parts.get(window)
+                if accs is None:
+                    accs = parts[window] = {}
+                acc = accs.get(key, _MISSING)
+                try:
+                    accs[key] = add(create() if acc is _MISSING else acc, rec)
+                except Exception as exc:  # noqa: BLE001 - user aggregator
+                    dead.append(self.dead(describe_exception(exc), rec))
+                    placed = True  # a dead letter, not also late
+                    break
+                placed = True
+            if not placed:
+                late.append(rec)
+                late_t.append(t)
+        state, merge = self.state, self._merge
+        for window, accs in parts.items():
+            if accs:
+                self._queue_window(window)
+                state.add_partials(window, accs, merge)
+                if self._open is not None:
+                    for key in accs:
+                        self._open.setdefault(key, set()).add(window)
+        if self.ttl_s is not None:
+            self.touch({key: None for accs in parts.values() for key in accs})
+        side: dict = {"late": (late, np.asarray(late_t, dtype=np.float64))} if late else {}
         if self.event_time:
             return self.with_expiry(Output([], None, dead, side))
         out = self._fire(time.time())  # processing time: the clock is the watermark
@@ -393,6 +472,17 @@ class _TimeLogic(_StatefulLogic):
             return Output([], None)
         result, new = _result_fn(self.spec.aggregator), tuple.__new__  # (see _result_fn)
         out: list = []
+        if self._partials:
+            for window, _ in due:
+                self._queued.discard(window)
+                pairs = self.state.take_partials(window, self._merge)
+                start, end = window
+                out += [new(WindowResult, (key, start, end,
+                                           acc if result is None else result(acc)))
+                        for key, acc in pairs]
+                if self._open is not None:
+                    self._close_open([key for key, _ in pairs], window)
+            return Output(out, result_times(out))
         for window, entries in due:
             skeys = self._state_keys(window, entries)
             accs = self.state.pop_many(skeys)
@@ -401,14 +491,19 @@ class _TimeLogic(_StatefulLogic):
                                        acc if result is None else result(acc)))
                     for skey, acc in zip(skeys, accs) if acc is not None]
             if self._open is not None:
-                open_ = self._open
-                for _, key, _ in skeys:
-                    windows = open_.get(key)
-                    if windows is not None:
-                        windows.discard(window)
-                        if not windows:
-                            del open_[key]
+                self._close_open([skey[1] for skey in skeys], window)
         return Output(out, result_times(out))
+
+    def _close_open(self, keys: list, window: tuple) -> None:
+        """``window`` fired for ``keys``: it is no longer open for them (ttl_s)."""
+        open_ = self._open
+        assert open_ is not None
+        for key in keys:
+            windows = open_.get(key)
+            if windows is not None:
+                windows.discard(window)
+                if not windows:
+                    del open_[key]
 
 
 class _SessionLogic(_TimeLogic):
@@ -577,6 +672,8 @@ class _SlicedLogic(_TimeLogic):
     state update, not one per window. A slice is state ``("__w", key, (s, s + length_s))``
     (named by its last window, the one starting at ``s``), is late once that window has
     fired, and is deleted then. The results equal those of one accumulator per window."""
+
+    uses_partials = False  # (a slice is read by several firings)
 
     def __init__(self, spec, ctx, resume_state):
         super().__init__(spec, ctx, resume_state)
