@@ -27,8 +27,8 @@ The figures:
   the same way, in a process of its own (the COST floor).
 
 The backends: ``memory``, ``filesystem``, ``rocksdb`` (as a job runs it, with its cache of
-recently used entries) and ``rocksdb-nocache`` (every batch reads and writes RocksDB: the
-database's own cost as the keys grow).
+recently used entries) and ``rocksdb-nocache`` (every batch writes its windows' partials to
+RocksDB, and every firing reads them back: the database's own cost as the keys grow).
 
 Both run with Python's garbage collector set as a step actor sets it (``stream.gc_threshold``
 and ``stream.gc_freeze``: higher thresholds, and what is alive once the steps are built is
@@ -135,7 +135,7 @@ def run_rayflow(backend: str, keys: int, per_key: int, windows: int) -> dict:
     warm.on_end()
     base = _uss()
     # rocksdb-nocache: RocksDB without the cache of recently used entries (every batch
-    # reads and writes RocksDB), the database's own scaling
+    # writes RocksDB), the database's own scaling
     store = (backend_from_name("rocksdb", str(tmp), rocksdb_cache_entries=0)
              if backend == "rocksdb-nocache" else backend_from_name(backend, str(tmp)))
     logic = spec.build(StepContext("win", 0, 1, "bench", store))
