@@ -544,51 +544,65 @@ class _RocksState(KeyValueState):
         from rocksdict import WriteBatch
 
         prefix, merge = _ns_prefix(ns), self._merges[ns]
-        found = self._scan(prefix, merge)
-        if found:
+        keys, values = self._scan(prefix, merge)
+        if keys:
             self.db.delete_range(prefix, _past(prefix))
             batch, tail = WriteBatch(), self._tail()
-            for kk, v in found.items():
+            for kk, v in zip(keys, values):
                 batch.put(prefix + kk + tail, v)
             self.db.write(batch)
-        self._written[ns] = self._folded[ns] = len(found)
+        self._written[ns] = self._folded[ns] = len(keys)
 
-    def _scan(self, prefix: bytes, merge: Callable[[Any, Any], Any]) -> dict:
-        """The partials under ``prefix``: pickled key -> its partials merged in order."""
+    def _scan(self, prefix: bytes, merge: Callable[[Any, Any], Any]) -> tuple[list, list]:
+        """The partials under ``prefix``: the pickled keys, and each key's partials merged in
+        order (a key's entries are adjacent: its pickle is never the start of another's)."""
         n = len(prefix)
-        found: dict = {}
+        keys: list = []
+        values: list = []
+        last = None
         entries: Any = self.db.items(from_key=prefix)  # (bytes keys: the stub says any)
         for kb, v in entries:
             if not kb.startswith(prefix):
                 break
             kk = kb[n:-8]
-            cur = found.get(kk, _ABSENT)
-            found[kk] = v if cur is _ABSENT else merge(cur, v)
+            if kk == last:
+                values[-1] = merge(values[-1], v)
+            else:
+                keys.append(kk)
+                values.append(v)
+                last = kk
         # (no upper bound on the scan: rocksdict's did not hold, in 0.3.29)
-        return found
+        return keys, values
 
     def add_partials(self, ns, pairs, merge):
         from rocksdict import WriteBatch
 
         self._merges[ns] = merge
         held = self._pcache.get(ns)
-        if held is None:
-            held = self._pcache[ns] = {}
-        room, batch, prefix, tail = self.cache_entries - self._pcount, None, b"", b""
-        for k, v in pairs.items():
-            cur = held.get(k, _ABSENT)
-            if cur is not _ABSENT:
-                held[k] = merge(cur, v)
-            elif room > 0:
-                held[k] = v
-                room -= 1
-            else:  # no room: a partial of its own in RocksDB now
-                if batch is None:
-                    batch, prefix, tail = WriteBatch(), _ns_prefix(ns), self._tail()
-                batch.put(prefix + pickle.dumps(k) + tail, v)
-        self._pcount = self.cache_entries - room
-        if not held:
-            del self._pcache[ns]
+        room, dumps = self.cache_entries - self._pcount, pickle.dumps
+        if room <= 0 and not held:  # (the cache is full, and of other windows)
+            batch, prefix, tail = WriteBatch(), _ns_prefix(ns), self._tail()
+            put = batch.put
+            for k, v in pairs.items():
+                put(prefix + dumps(k) + tail, v)
+        else:
+            if held is None:
+                held = self._pcache[ns] = {}
+            batch, prefix, tail = None, b"", b""
+            for k, v in pairs.items():
+                cur = held.get(k, _ABSENT)
+                if cur is not _ABSENT:
+                    held[k] = merge(cur, v)
+                elif room > 0:
+                    held[k] = v
+                    room -= 1
+                else:  # no room: a partial of its own in RocksDB now
+                    if batch is None:
+                        batch, prefix, tail = WriteBatch(), _ns_prefix(ns), self._tail()
+                    batch.put(prefix + dumps(k) + tail, v)
+            self._pcount = self.cache_entries - room
+            if not held:
+                del self._pcache[ns]
         if batch is not None:
             n = len(batch)  # (a batch written is gone)
             self.db.write(batch)
@@ -596,18 +610,19 @@ class _RocksState(KeyValueState):
 
     def take_partials(self, ns, merge):
         prefix, loads = _ns_prefix(ns), pickle.loads
-        found = self._scan(prefix, merge)
-        if found:
+        keys, values = self._scan(prefix, merge)
+        if keys:
             self.db.delete_range(prefix, _past(prefix))
         for gone in (self._written, self._folded, self._merges):
             gone.pop(ns, None)
-        out = {loads(kk): v for kk, v in found.items()}
         held = self._pcache.pop(ns, None)
-        if held:  # written after everything in RocksDB
-            self._pcount -= len(held)
-            for k, v in held.items():
-                cur = out.get(k, _ABSENT)
-                out[k] = v if cur is _ABSENT else merge(cur, v)
+        if not held:
+            return list(zip(map(loads, keys), values))
+        out = dict(zip(map(loads, keys), values))
+        self._pcount -= len(held)
+        for k, v in held.items():  # written after everything in RocksDB
+            cur = out.get(k, _ABSENT)
+            out[k] = v if cur is _ABSENT else merge(cur, v)
         return list(out.items())
 
     def drop_partials(self, ns, key):
