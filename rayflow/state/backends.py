@@ -356,8 +356,8 @@ def _rocks_options(bloom_bits: int):
     """RocksDB tuned for point reads, as its ``OptimizeForPointLookup`` but with RocksDB's
     own block cache (8 MiB: an instance's memory stays small), small memtables, and
     iterators still ordered (the data blocks keep their binary index beside the hash one):
-    bloom filters in the tables and over the memtable's keys. Operator state is read key by key, and a window
-    opening for a key reads one that is not there yet."""
+    bloom filters in the tables and over the memtable's keys. Operator state is read key
+    by key, and a window opening for a key reads one that is not there yet."""
     from rocksdict import BlockBasedOptions, DataBlockIndexType, Options
 
     options, table = Options(), BlockBasedOptions()
