@@ -374,11 +374,7 @@ class _TimeLogic(_StatefulLogic):
             state.put_many(cache)  # one call: a write batch on RocksDB
         if self.ttl_s is not None:
             self.touch({skey[1]: None for skey in cache})
-        side = {"late": (late, np.asarray(late_t, dtype=np.float64))} if late else {}
-        if self.event_time:
-            return self.with_expiry(Output([], None, dead, side))
-        out = self._fire(time.time())  # processing time: the clock is the watermark
-        return self.with_expiry(Output(out.items, out.event_times, dead, side))
+        return self._batch_output(dead, late, late_t)
 
     def _add_partials(self, recs: list, t_list: list, windows_of: list,
                       keys: list) -> Output | None:
@@ -441,6 +437,11 @@ class _TimeLogic(_StatefulLogic):
                         self._open.setdefault(key, set()).add(window)
         if self.ttl_s is not None:
             self.touch({key: None for accs in parts.values() for key in accs})
+        return self._batch_output(dead, late, late_t)
+
+    def _batch_output(self, dead: list, late: list, late_t: list) -> Output | None:
+        """A batch's output: its dead letters and late records, and on processing time the
+        windows that the clock closed."""
         side: dict = {"late": (late, np.asarray(late_t, dtype=np.float64))} if late else {}
         if self.event_time:
             return self.with_expiry(Output([], None, dead, side))
