@@ -381,6 +381,10 @@ _ABSENT = object()
 #: (see :meth:`_RocksState._wrote`)
 FOLD_AT = 1 << 22
 
+#: where a snapshot of :class:`_RocksState` keeps its sequence of partial writes (a key
+#: that is neither a partial's nor a pickle's)
+_SEQ_KEY = b"\x01seq"
+
 #: the state key under which :meth:`_RocksState.items` shows a partial value, and by which
 #: :meth:`_RocksState.put` writes one back (a rescale): ``(PARTIAL, ns, key, seq)``
 PARTIAL = "__p"
@@ -469,9 +473,11 @@ class _RocksState(KeyValueState):
         self._written: dict = {}
         self._folded: dict = {}
         self._merges: dict = {}
-        # the sequence of partial writes: after every write of an earlier instance of this
-        # state (nanoseconds since the epoch at open, one more per write)
-        self._seq = time.time_ns()
+        # the sequence of partial writes, after every write of an earlier instance of this
+        # state: nanoseconds since the epoch at open, or past the restored snapshot's own
+        # (another machine's clock may be behind), and past any partial put back (a
+        # rescale); one more per write
+        self._seq = max(time.time_ns(), self.db.get(_SEQ_KEY) or 0)
 
     supports_partials = True
 
@@ -626,11 +632,21 @@ class _RocksState(KeyValueState):
         return list(out.items())
 
     def drop_partials(self, ns, key):
+        from rocksdict import WriteBatch
+
         held = self._pcache.get(ns)
         if held is not None and held.pop(key, _ABSENT) is not _ABSENT:
             self._pcount -= 1
-        prefix = _ns_prefix(ns) + pickle.dumps(key)
-        self.db.delete_range(prefix, _past(prefix))
+        # point deletes of what is there (a key has a partial or two): keys expiring by the
+        # million must not leave as many range tombstones, which every read would check
+        prefix, batch = _ns_prefix(ns) + pickle.dumps(key), WriteBatch()
+        found: Any = self.db.keys(from_key=prefix)  # (bytes keys: the stub says any)
+        for kb in found:
+            if not kb.startswith(prefix):
+                break
+            batch.delete(kb)
+        if not batch.is_empty():
+            self.db.write(batch)
 
     def flush(self) -> None:
         """:meth:`write_out`, then RocksDB's memtable to its files (for measuring them)."""
@@ -657,6 +673,7 @@ class _RocksState(KeyValueState):
         if key.__class__ is tuple and len(key) == 4 and key[0] == PARTIAL:
             # a partial as items() showed it (a rescale moves it): the same entry again
             self.db[_ns_prefix(key[1]) + pickle.dumps(key[2]) + key[3].to_bytes(8, "big")] = value
+            self._seq = max(self._seq, key[3])
             return
         cache = self._cache
         if key in cache or len(cache) < self.cache_entries:
@@ -768,12 +785,13 @@ class _RocksState(KeyValueState):
         """Every entry; a partial as ``((PARTIAL, ns, key, seq), value)``."""
         self.write_out()
         return ((_partial_entry(k) if k[:1] == b"\x00" else pickle.loads(k), v)
-                for k, v in self.db.items())
+                for k, v in self.db.items() if k != _SEQ_KEY)
 
     def snapshot(self, checkpoint_id):
         from rocksdict import Checkpoint
 
         self.write_out()
+        self.db[_SEQ_KEY] = self._seq
         if len(self._cache) >= self.cache_entries:  # full: refill with the keys used next
             self._cache.clear()
             self._fresh.clear()
