@@ -72,6 +72,17 @@ def _wanted(keys: list, windows_of: list, wm: float) -> list:
         for window in windows if window[1] > wm))
 
 
+def _one_open_window(windows_of: list, wm: float) -> tuple | None:
+    """The window of every record of a batch, where they all share one list of one open
+    window (``list.count`` compares by identity first: a shared list costs a pointer test);
+    None otherwise."""
+    first = windows_of[0] if windows_of else None
+    if first is not None and len(first) == 1 and first[0][1] > wm and \
+            windows_of.count(first) == len(windows_of):
+        return first[0]
+    return None
+
+
 def _result_fn(agg: Aggregator) -> Callable[[Any], Any] | None:
     """``agg.result``, or None when it is the accumulator itself (then not called: a call
     per window). The window paths build each ``WindowResult`` with ``tuple.__new__``, which
@@ -335,8 +346,14 @@ class _TimeLogic(_StatefulLogic):
         recs = rows(items)
         keys = _keys(key_fn, recs)
         if self._partials:
-            return self._add_partials(recs, t_list, windows_of, keys)
-        if direct is None and state.batch_reads:  # one multi-get of the batch's windows
+            # a window's state is its partials: the batch's accumulators start afresh,
+            # none read (absent is None: created, as for a key a dict state lacks)
+            unread = None
+            window = _one_open_window(windows_of, wm)
+            if window is not None:  # the usual batch: no window loop per record
+                self._add_in_one_window(recs, keys, window, dead)
+                return self._batch_output(dead, late, late_t)
+        elif direct is None and state.batch_reads:  # one multi-get of the batch's windows
             wanted = _wanted(keys, windows_of, wm)  # (None where absent)
             cache.update(zip(wanted, state.get_many(wanted)))
         for rec, t, windows, key in zip(recs, t_list, windows_of, keys):
@@ -370,74 +387,41 @@ class _TimeLogic(_StatefulLogic):
                 late.append(rec)
                 late_t.append(t)
         self._opened(opened)
-        if direct is None:
+        if self._partials:
+            by_window: dict = {}
+            for (_, key, window), acc in cache.items():
+                by_window.setdefault(window, {})[key] = acc
+            for window, accs in by_window.items():
+                state.add_partials(window, accs, self._merge)
+        elif direct is None:
             state.put_many(cache)  # one call: a write batch on RocksDB
         if self.ttl_s is not None:
             self.touch({skey[1]: None for skey in cache})
         return self._batch_output(dead, late, late_t)
 
-    def _add_partials(self, recs: list, t_list: list, windows_of: list,
-                      keys: list) -> Output | None:
-        """:meth:`process` with partials: each key's records of the batch in each of its
-        windows become one accumulator, added to the window's namespace unread."""
-        agg, wm = self.spec.aggregator, self.watermark
+    def _add_in_one_window(self, recs: list, keys: list, window: tuple, dead: list) -> None:
+        """With partials, a batch whose records all fall in one open ``window``: each key's
+        records become one accumulator, added to the window unread."""
+        agg = self.spec.aggregator
         add, create = agg.add, agg.create
-        dead, late, late_t = [], [], []
-        parts: dict = {}  # window -> {key: the batch's accumulator}
-        first = windows_of[0] if windows_of else None
-        if first is not None and len(first) == 1 and first[0][1] > wm and \
-                windows_of.count(first) == len(windows_of):
-            # the usual batch: every record in one open window (a list they share; count
-            # compares by identity first)
-            one: dict = {}
-            parts[first[0]] = one
-            get = one.get
-            for rec, key in zip(recs, keys):
-                if key.__class__ is _KeyFailed:
-                    dead.append(self.dead(key.reason, rec))
-                    continue
-                acc = get(key, _MISSING)
-                try:
-                    one[key] = add(create() if acc is _MISSING else acc, rec)
-                except Exception as exc:  # noqa: BLE001 - user aggregator
-                    dead.append(self.dead(describe_exception(exc), rec))
-            recs = []  # (done)
-        for rec, t, windows, key in zip(recs, t_list, windows_of, keys):
-            if windows is None:
-                dead.append(self.dead(not_finite(t), rec))
-                continue
+        accs: dict = {}
+        get = accs.get
+        for rec, key in zip(recs, keys):
             if key.__class__ is _KeyFailed:
                 dead.append(self.dead(key.reason, rec))
                 continue
-            placed = False
-            for window in windows:
-                if window[1] <= wm:
-                    continue  # that window has closed
-                accs = parts.get(window)
-                if accs is None:
-                    accs = parts[window] = {}
-                acc = accs.get(key, _MISSING)
-                try:
-                    accs[key] = add(create() if acc is _MISSING else acc, rec)
-                except Exception as exc:  # noqa: BLE001 - user aggregator
-                    dead.append(self.dead(describe_exception(exc), rec))
-                    placed = True  # a dead letter, not also late
-                    break
-                placed = True
-            if not placed:
-                late.append(rec)
-                late_t.append(t)
-        state, merge = self.state, self._merge
-        for window, accs in parts.items():
-            if accs:
-                self._queue_window(window)
-                state.add_partials(window, accs, merge)
-                if self._open is not None:
-                    for key in accs:
-                        self._open.setdefault(key, set()).add(window)
-        if self.ttl_s is not None:
-            self.touch({key: None for accs in parts.values() for key in accs})
-        return self._batch_output(dead, late, late_t)
+            acc = get(key, _MISSING)
+            try:
+                accs[key] = add(create() if acc is _MISSING else acc, rec)
+            except Exception as exc:  # noqa: BLE001 - user aggregator
+                dead.append(self.dead(describe_exception(exc), rec))
+        if accs:
+            self._queue_window(window)
+            self.state.add_partials(window, accs, self._merge)
+            if self._open is not None:
+                for key in accs:
+                    self._open.setdefault(key, set()).add(window)
+            self.touch(accs)
 
     def _batch_output(self, dead: list, late: list, late_t: list) -> Output | None:
         """A batch's output: its dead letters and late records, and on processing time the
@@ -469,7 +453,10 @@ class _TimeLogic(_StatefulLogic):
             return
         window = opened[0][2]
         skeys = self._skeys
-        if all(skey[2] == window for skey in opened):  # the usual batch: one window
+        if self._partials:  # the queue holds the windows alone
+            for w in {skey[2] for skey in opened}:
+                self._queue_window(w)
+        elif all(skey[2] == window for skey in opened):  # the usual batch: one window
             self.fired.add_many(window, opened if skeys else [skey[1] for skey in opened])
         else:
             add = self.fired.add
