@@ -44,17 +44,23 @@ def running(state, rec):
     return (None if n == 4 else (n, total)), (n, total, rec[2])
 
 
+def _step(fn, state: dict, key, value):
+    """``fn`` on ``key``'s state in the model: the new state kept (None drops the key);
+    what ``fn`` emitted."""
+    new, emitted = fn(state.get(key), value)
+    if new is None:
+        state.pop(key, None)
+    else:
+        state[key] = new
+    return emitted
+
+
 def model_stateful_map(batches):
     state: dict = {}
     out: dict = defaultdict(list)  # per key, in order
     for batch in batches:
         for rec in batch:
-            new, value = running(state.get(rec[0]), rec)
-            if new is None:
-                state.pop(rec[0], None)
-            else:
-                state[rec[0]] = new
-            out[rec[0]].append((rec[0], value))
+            out[rec[0]].append((rec[0], _step(running, state, rec[0], rec)))
     return out
 
 
@@ -100,11 +106,7 @@ def model_stateful_map_batches(batches):
             groups[rec[0]].append(rec)
         got = {}
         for key, recs in groups.items():
-            new, outputs = running_batch(state.get(key), recs)
-            if new is None:
-                state.pop(key, None)
-            else:
-                state[key] = new
+            outputs = _step(running_batch, state, key, recs)
             latest = max(r[1] for r in recs)
             got[key] = [((key, o), latest) for o in outputs]
         rounds.append(got)

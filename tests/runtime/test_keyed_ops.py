@@ -96,14 +96,20 @@ def test_interval_join(ray_session, par, chaining):
     assert Counter(job.collect("out")) == want
 
 
+def _keyed_flow(name, recs, par, step):
+    """``recs`` from 2 source instances, keyed by their first field, through ``step`` (a
+    function of the keyed stream) into a collecting sink at parallelism ``par``."""
+    f = rf.Dataflow(name)
+    keyed = f.source("src", rf.MemorySource(recs), parallelism=2).key_by(lambda r: r[0])
+    step(keyed).sink("out", rf.CollectSink(), parallelism=par)
+    return f
+
+
 @pytest.mark.parametrize("par,chaining", CASES)
 def test_stateful_map_counts_per_key(ray_session, par, chaining):
     recs = _records(6, 3000, "m", keys=11)
-    f = rf.Dataflow(f"smap-{par}")
-    (f.source("src", rf.MemorySource(recs), parallelism=2)
-      .key_by(lambda r: r[0])
-      .stateful_map("n", lambda n, r: ((n or 0) + 1, (n or 0) + 1), parallelism=par)
-      .sink("out", rf.CollectSink(), parallelism=par))
+    f = _keyed_flow(f"smap-{par}", recs, par, lambda keyed: keyed.stateful_map(
+        "n", lambda n, r: ((n or 0) + 1, (n or 0) + 1), parallelism=par))
     job = _run(f, chaining)
     per_key = Counter(k for k, _, _ in recs)
     assert Counter(job.collect("out")) == Counter(
@@ -138,11 +144,8 @@ def _check_counted_once(out, recs):
 @pytest.mark.parametrize("par,chaining", CASES)
 def test_stateful_map_batches_counts_each_record_once(ray_session, par, chaining):
     recs = _records(7, 3000, "b", keys=11)
-    f = rf.Dataflow(f"smb-{par}")
-    (f.source("src", rf.MemorySource(recs), parallelism=2)
-      .key_by(lambda r: r[0])
-      .stateful_map_batches("n", _ids_so_far, parallelism=par)
-      .sink("out", rf.CollectSink(), parallelism=par))
+    f = _keyed_flow(f"smb-{par}", recs, par, lambda keyed: keyed.stateful_map_batches(
+        "n", _ids_so_far, parallelism=par))
     out = _run(f, chaining).collect("out")
     _check_counted_once(out, recs)
     assert len(out) < len(recs)  # batches of 64 from 2 sources over 11 keys: fewer calls

@@ -291,7 +291,6 @@ class _TimeLogic(_StatefulLogic):
         self._partials = (self.uses_partials and self.state.supports_partials
                           and _merges(agg))
         self._merge = agg.merge
-        self._queued: set = set()  # with partials: the windows in the queue
         # with ttl_s: each key's open windows, so an expired key's windows can be deleted
         self._open: dict | None = {} if self.ttl_s is not None else None
         for k, _ in self.state.items():
@@ -306,8 +305,7 @@ class _TimeLogic(_StatefulLogic):
 
     def _queue_window(self, window: tuple) -> None:
         """With partials: ``window`` is open (for some key)."""
-        if window not in self._queued:
-            self._queued.add(window)
+        if window not in self.fired.windows():
             self.fired.add_many(window, [])
 
     def drop_key(self, key):
@@ -480,7 +478,6 @@ class _TimeLogic(_StatefulLogic):
         out: list = []
         if self._partials:
             for window, _ in due:
-                self._queued.discard(window)
                 pairs = self.state.take_partials(window, self._merge)
                 start, end = window
                 out += [new(WindowResult, (key, start, end,
