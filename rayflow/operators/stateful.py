@@ -132,12 +132,8 @@ class _StatefulMapBatchesLogic(_StatefulLogic):
         groups, latest, dead = self._group(items, event_times)
         keys = list(groups)
         direct, _, _ = self.batch_cache(None)  # a dict state, written in place
-        if direct is not None:
-            current = [direct.get(k) for k in keys]
-        elif state.batch_reads:
-            current = state.get_many(keys)
-        else:
-            current = [state.get(k) for k in keys]
+        current = ([direct.get(k) for k in keys] if direct is not None
+                   else state.get_many(keys))  # (every key is read: one call)
         out: list = []
         out_t: list = []
         writes: dict = {}
