@@ -78,8 +78,8 @@ def is_actor_title(title: str) -> bool:
 
 class CpuMeter:
     """CPU seconds of this process and of the actor processes of our own raylet (the job's
-    workers), sampled every ``every_s`` so that actors which exit before the end still
-    count; and the peak of their resident memory, summed (``peak_rss``, bytes). Ray's idle
+    workers) and their children, sampled every ``every_s`` so that actors which exit
+    before the end still count; and the peak of their resident memory, summed (``peak_rss``, bytes). Ray's idle
     pooled workers are left out of both: how many Ray keeps, and when it starts them, is
     its own business, and it differs from one job to the next. So is the meter itself: the
     CPU of its sampling thread (``own_s``), which runs in this process, is taken off this
@@ -106,6 +106,10 @@ class CpuMeter:
                 continue
             if is_actor_title(title):
                 out.append(p)
+                try:  # an actor's own processes (an exactly-once sink's commit process)
+                    out.extend(p.children(recursive=True))
+                except psutil.Error:
+                    pass
         return out
 
     def _sample(self, first: bool = False) -> None:

@@ -141,16 +141,17 @@ class CrashDuringCommit(SinkSpec):
 
     def build(self, ctx, resume_state=None):
         writer = self.inner.build(ctx, resume_state)
-        producer = getattr(writer, "p", None)
-        if ctx.instance == self.instance and producer is not None and \
+        committer = getattr(writer, "p", None)  # the sink's commit process
+        if ctx.instance == self.instance and committer is not None and \
                 ctx.guarantee == "exactly_once":
-            commit, marker = producer.commit, self.marker
+            transaction, marker = committer.transaction, self.marker
 
-            def flush_then_die():
-                producer.flush()
+            def die_before_commit(*args):
                 if Path(marker).exists():
-                    return commit()
-                _crash_once(marker)
+                    return transaction(*args)
+                # the sink's process dies once the records are at the broker; its commit
+                # process, which sees it go, ends too, without committing
+                return transaction(*args, before_commit=lambda: _crash_once(marker))
 
-            producer.commit = flush_then_die
+            committer.transaction = die_before_commit
         return writer

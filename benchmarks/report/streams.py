@@ -440,8 +440,8 @@ def _w7(doc: dict, ctx: _Ctx) -> list[str]:
              "the job's includes freeing each batch). Published: Flink 1.13 per core (the "
              "Nexmark suite's README, 8 cores × 3 workers, 100 M events per query, with its "
              "network stack and serialization in the path). The CPU counted is that of the "
-             "driver and the job's workers (its actors' processes), not of Ray's raylet, "
-             "GCS, object store, agents or the idle workers Ray keeps in its pool, nor "
+             "driver and the job's workers (its actors' processes and theirs), not of Ray's "
+             "raylet, GCS, object store, agents or the idle workers Ray keeps in its pool, nor "
              "that of the meter's own sampling thread in the driver.", ""]
 
     def start_up(r: dict) -> float | None:  # median over the runs, when they say

@@ -471,20 +471,27 @@ class WinningBids(KeyedProcessFunction):
     its expiry, with one bid in it."""
 
     def process_element(self, e, ctx):
-        st = ctx.state.value()
-        if e["kind"] == "auction":
-            best = None
-            for b in st[2] if st is not None else ():
-                best = _better(e, best, b)
-            ctx.state.update((e, best, ()))
-            ctx.timers.register(event_time=_after_ms(e["expires"]))
-        elif st is not None and st[0] is not None:
-            best = _better(st[0], st[1], e)
-            if best is not st[1]:
-                ctx.state.update((st[0], best, ()))
-        else:
-            ctx.state.update((None, None, (st[2] if st is not None else ()) + (e,)))
+        state = ctx.state
+        st = state.value()
+        if e["kind"] == "bid":
+            if st is not None and st[0] is not None:  # the usual bid: its auction came
+                # _better, inlined: in the auction's time, then by price, time, bidder
+                auction, best, t = st[0], st[1], e["date_time"]
+                if auction["date_time"] <= t <= auction["expires"] and (
+                        best is None or e["price"] > best["price"]
+                        or e["price"] == best["price"]
+                        and (t, e["bidder"]) < (best["date_time"], best["bidder"])):
+                    state.update((auction, e, ()))
+                return None
+            state.update((None, None, (st[2] if st is not None else ()) + (e,)))
             ctx.timers.register(event_time=_after_ms(e["date_time"]))
+            return None
+        best = None
+        for b in st[2] if st is not None else ():
+            best = _better(e, best, b)
+        state.update((e, best, ()))
+        ctx.timers.register(event_time=_after_ms(e["expires"]))
+        return None
 
     def on_timer(self, key, ts, ctx):
         st = ctx.state.value()

@@ -127,35 +127,39 @@ class TimerQueue:
     def pop_until(self, t: float):
         """``(ts, key)`` of every live timer with ``ts <= t``, in order, each removed as it is
         yielded; timers registered meanwhile at or before ``t`` come out too."""
-        while self.peek() <= t and self._heap:
-            ts, _, _, key = heapq.heappop(self._heap)
-            self._live.discard((ts, key))
-            yield ts, key
+        heap, live, pop = self._heap, self._live, heapq.heappop
+        while heap and heap[0][0] <= t:
+            ts, _, _, key = pop(heap)
+            timer = (ts, key)
+            if timer in live:  # else deleted: its entry is dropped here
+                live.discard(timer)
+                yield timer
 
 
 class ValueState:
     """The value state of the current key (Flink's ``ValueState``): it follows the key of the
     call it was handed to, as Flink's does."""
 
-    __slots__ = ("_logic", "_key")
+    __slots__ = ("_logic", "_key", "_values")
 
     def __init__(self, logic: _ProcessLogic, key: Any = None):
         self._logic, self._key = logic, key
+        self._values = logic._values  # the instance's values of this call (one dict)
 
     def value(self, default: Any = None) -> Any:
         """The key's value, or ``default`` if it has none."""
-        logic = self._logic
-        v = logic._values.get(self._key, _UNREAD)
+        key = self._key
+        v = self._values.get(key, _UNREAD)
         if v is _UNREAD:
-            v = logic._value(self._key)
+            v = self._logic._value(key)
         return default if v is None else v
 
     def update(self, value: Any) -> None:
         """Set the key's value (None clears it)."""
-        self._logic._values[self._key] = value
+        self._values[self._key] = value
 
     def clear(self) -> None:
-        self._logic._values[self._key] = None
+        self._values[self._key] = None
 
 
 class TimerService:
@@ -356,13 +360,6 @@ class _ProcessLogic(_StatefulLogic):
         self.state.delete((_TIMERS, key))
 
     # -- the hot path ---------------------------------------------------------------------
-    def _at(self, key, ts, domain=None) -> ProcessContext:
-        """The instance's context, set to ``key`` at ``ts``."""
-        ctx = self._context
-        ctx.key = ctx.state._key = ctx.timers._key = key
-        ctx.timestamp, ctx.time_domain = ts, domain
-        return ctx
-
     def process(self, items, event_times):
         key_fn, element, ctx = self.spec.key_fn, self._element, self._context
         state, timers = ctx.state, ctx.timers
@@ -409,11 +406,15 @@ class _ProcessLogic(_StatefulLogic):
         on_timer = self._on_timer
         if on_timer is None or not self.queues[domain]:  # no timer is due
             return Output(out, None)
-        at, forget = self._at, self._forget
+        ctx, forget = self._context, self._forget
+        state, timers = ctx.state, ctx.timers
+        ctx.time_domain = domain
         for ts, key in self.queues[domain].pop_until(until):
             forget(key, domain, ts)
+            ctx.key = state._key = timers._key = key  # the context, set to the timer's key
+            ctx.timestamp = ts
             try:
-                got = on_timer(key, ts, at(key, ts, domain))
+                got = on_timer(key, ts, ctx)
                 if got is not None:
                     got = list(got)
             except Exception as exc:  # noqa: BLE001 - user code

@@ -35,15 +35,15 @@ def _committed(bootstrap, topic, expect, timeout_s=20):
 
 
 class _GatedCommits:
-    """The real producer, whose transaction commits wait for ``gate`` (a slow broker)."""
+    """The real commit process, whose transactions wait for ``gate`` (a slow broker)."""
 
-    def __init__(self, producer):
-        self.inner, self.gate, self.started = producer, threading.Event(), threading.Event()
+    def __init__(self, committer):
+        self.inner, self.gate, self.started = committer, threading.Event(), threading.Event()
 
-    def commit(self):
+    def transaction(self, *args):
         self.started.set()
         assert self.gate.wait(30)
-        self.inner.commit()
+        return self.inner.transaction(*args)
 
     def __getattr__(self, name):
         return getattr(self.inner, name)
@@ -349,3 +349,70 @@ def test_concurrent_instances_commit_every_record_once(kafka_broker, new_topic):
         got = sorted(read_values(kafka_broker.bootstrap, topic, "read_committed"))
         assert got == sorted(f"{i}:{e}:{k}".encode() for i in range(6) for e in (1, 2, 3)
                              for k in range(150))
+
+
+# -- the commit process ----------------------------------------------------------------------
+
+def test_a_commit_runs_in_a_process_of_its_own_and_one_that_died_is_replaced(kafka_broker,
+                                                                            new_topic):
+    """The transactions run in a child process. One that dies (here killed between two
+    commits, so its death shows at the next) is replaced at that commit: the new one
+    fences the instance's transactional id and writes each record once."""
+    import os
+
+    topic = new_topic(1)
+    w = _writer(kafka_broker, topic)
+    try:
+        first = w.p
+        first.ready()
+        assert first.proc.pid != os.getpid() and first.proc.poll() is None
+        w.write(_batch(1, 40), None, 0.0)
+        w.snapshot(1)
+        w.commit(1)
+        w.write(_batch(2, 30), None, 0.0)
+        w.snapshot(2)
+        first.kill()
+        w.commit(2)
+        assert w.p is not first and w.p.proc.poll() is None and w.pending == {}
+        w.write(_batch(3, 20), None, 0.0)
+        w.snapshot(3)
+        w.commit(3)
+        got = [v for v, _ in _committed(kafka_broker.bootstrap, topic, 90)]
+        assert got == _batch(1, 40) + _batch(2, 30) + _batch(3, 20)
+    finally:
+        w.close()
+    assert w.p.proc.poll() is not None  # closed: the process has ended
+
+
+def test_the_commit_process_ends_with_the_sink_process_however_it_dies(kafka_broker,
+                                                                       new_topic, tmp_path):
+    """A sink's process killed outright (as Ray kills an actor) leaves no commit process
+    behind: the child sees its end of the socket close, and exits."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    import psutil
+
+    topic = new_topic(1)
+    script = tmp_path / "sink.py"
+    script.write_text(
+        "import sys, time\n"
+        "import rayflow as rf\n"
+        "from rayflow.core.operators import StepContext\n"
+        f"sink = rf.KafkaSink({topic!r}, bootstrap={kafka_broker.bootstrap!r})\n"
+        "ctx = StepContext('out', 0, 1, 'orphan-test', guarantee='exactly_once', run_id='r1')\n"
+        "w = sink.build(ctx, None)\n"
+        "w.p.ready()\n"
+        "print(w.p.proc.pid, flush=True)\n"
+        "time.sleep(120)\n")
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    try:
+        child = psutil.Process(int(proc.stdout.readline()))
+        assert child.is_running() and child.ppid() == proc.pid
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+        child.wait(10)  # raises TimeoutExpired if the child outlived its parent
+    finally:
+        proc.kill()

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,6 +20,7 @@ from rayflow.connectors.kafka.clients import (
     default_bootstrap,
     resolve_client,
 )
+from rayflow.connectors.kafka.committer import CommitProcess
 from rayflow.connectors.kafka.transactional import _TransactionalWriter
 from rayflow.connectors.kafka.writer import _KafkaWriter
 from rayflow.core.connectors import SinkSpec, SinkWriter
@@ -49,9 +51,10 @@ class KafkaSink(SinkSpec):
             that are not done (the checkpoints' epochs wait for their checkpoint to complete,
             then for their transaction). Past it, writes wait while a commit runs, so a
             broker or client slower than the pipeline backpressures it instead of growing
-            memory. Default 64 MiB. An instance holds a pre-committed epoch twice, as
-            written (what its commit sends) and packed (its checkpoint), so its memory for
-            them is up to about twice this.
+            memory. Default 64 MiB. An instance holds its epochs once, packed as its
+            checkpoint holds them; its commit process (a process of its own that runs the
+            instance's transactions, beside the operators) holds a copy of those it is
+            writing.
         transactional_id_prefix: exactly-once: transactional ids are
             ``{prefix}-{step_id}-{instance}`` (default prefix ``rayflow-{job name}``). Give
             two deployments of the same flow different prefixes, or they fence each other.
@@ -95,6 +98,7 @@ class KafkaSink(SinkSpec):
             scan = (_ConfluentConsumer if client == "confluent" else _KPConsumer)(
                 bootstrap, None, {**connection_options(options),
                                   **_READ_COMMITTED[client]})
-            return _TransactionalWriter(self, ctx, cls(bootstrap, options, txn_id),
-                                        scan, resume_state)
+            return _TransactionalWriter(
+                self, ctx, functools.partial(CommitProcess, client, bootstrap, options, txn_id),
+                scan, resume_state)
         return _KafkaWriter(self, ctx, cls(bootstrap, options))

@@ -1,29 +1,30 @@
 """The exactly-once Kafka sink: records written in one transaction per completed
-checkpoint, each named by a header, so that a restore writes only what is not on the topic."""
+checkpoint, each named by a header, so that a restore writes only what is not on the topic.
+The transactions run in a process of their own (:mod:`rayflow.connectors.kafka.committer`)."""
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
-import os
+import logging
 import pickle
-import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from filelock import FileLock
 
+from rayflow.connectors.kafka.committer import (  # noqa: F401 - the sink's names, kept here
+    EPOCH_HEADER,
+    CommitProcessDied,
+    _split,
+    commit_lock,
+)
 from rayflow.connectors.kafka.writer import _KafkaWriter
 from rayflow.core.operators import Rescaled
 
-#: The header that names each record of an exactly-once sink: ``writer:epoch:seq``.
-EPOCH_HEADER = "rayflow.epoch"
-
-#: How long a commit waits for its turn when commits are serialized.
-SERIAL_COMMIT_TIMEOUT_S = 120.0
+log = logging.getLogger(__name__)
 
 
 def serializes_commits(cluster_id: str | None, setting: bool | None) -> bool:
@@ -37,14 +38,6 @@ def serializes_commits(cluster_id: str | None, setting: bool | None) -> bool:
     return "tansu" in (cluster_id or "").lower()
 
 
-def commit_lock(bootstrap: str) -> FileLock:
-    """The lock that serializes the commits to ``bootstrap`` of every sink instance on this
-    machine (a file lock: the OS drops it when its holder dies, however it dies)."""
-    name = hashlib.blake2b(bootstrap.encode(), digest_size=8).hexdigest()
-    return FileLock(os.path.join(tempfile.gettempdir(), f"rayflow-commits-{name}.lock"),
-                    timeout=SERIAL_COMMIT_TIMEOUT_S)
-
-
 def _join(items: list) -> tuple[np.ndarray, np.ndarray] | list:
     """A list of bytes as one numpy array of uint8 and their lengths (int64): an epoch of
     such arrays goes to the checkpoint coordinator out of band, in one copy, with no record
@@ -56,17 +49,6 @@ def _join(items: list) -> tuple[np.ndarray, np.ndarray] | list:
         return items
     return (np.frombuffer(blob, dtype=np.uint8),
             np.fromiter(map(len, items), dtype=np.int64, count=len(items)))
-
-
-def _split(packed: tuple | list) -> list:
-    """The list :func:`_join` packed (or a blob and lengths of the earlier format: bytes and
-    an ``array``)."""
-    if isinstance(packed, list):
-        return packed
-    blob, lengths = packed
-    data = blob.tobytes() if isinstance(blob, np.ndarray) else blob
-    ends = np.cumsum(lengths, dtype=np.int64).tolist()
-    return [data[a:b] for a, b in zip([0, *ends[:-1]], ends)]
 
 
 def _batch_bytes(packed: tuple) -> int:
@@ -150,13 +132,15 @@ class _TransactionalWriter(_KafkaWriter):
     - Records of each checkpoint epoch are held back; at the barrier (pre-commit) they
       become part of the checkpoint, with a lower bound of the topic's end offsets.
     - When the checkpoint completes (it is durable by then), they are written in one Kafka
-      transaction, each with a header ``writer:epoch:seq``.
-    - A restored instance first fences its predecessor (``init_transactions`` on the same
-      transactional id), then reads the topic from those offsets with ``read_committed``
-      and writes again only the records of its restored epochs that are not there. On
-      Apache Kafka an interrupted transaction is invisible, so all are written again; on a
-      broker that shows the part that reached it, only the rest is. Either way each record
-      is visible once.
+      transaction, each with a header ``writer:epoch:seq``, by the instance's commit
+      process (:mod:`rayflow.connectors.kafka.committer`), beside the operators.
+    - A restored instance first fences its predecessor (its commit process calls
+      ``init_transactions`` on the same transactional id), then reads the topic from those
+      offsets with ``read_committed`` and writes again only the records of its restored
+      epochs that are not there. On Apache Kafka an interrupted transaction is invisible,
+      so all are written again; on a broker that shows the part that reached it, only the
+      rest is. Either way each record is visible once. A commit process that dies is
+      replaced the same way, and its commit goes on.
 
     No commits topic is needed (no topic-create rights, nothing to replicate).
 
@@ -172,8 +156,10 @@ class _TransactionalWriter(_KafkaWriter):
 
     commits_beside_writes = True
 
-    def __init__(self, spec, ctx, producer, scanner, resume_state: Any):
-        super().__init__(spec, ctx, producer)
+    def __init__(self, spec, ctx, committer, scanner, resume_state: Any):
+        """``committer(serial)`` starts a commit process (a
+        :class:`~rayflow.connectors.kafka.committer.CommitProcess`) that takes the commit
+        turn when ``serial``."""
         if isinstance(resume_state, Rescaled):
             # a rescale resumes from a savepoint: the old instances committed everything at
             # their end of stream, so there is nothing of theirs to commit
@@ -189,18 +175,15 @@ class _TransactionalWriter(_KafkaWriter):
         self.buffer: list[tuple[list, list | None]] = []
         self._packed: list = []  # the buffer's batches, as _pack_batch packs them
         self.pending: dict[int, dict] = {}  # epoch -> {"parts": PackedEpoch, "low": offsets}
-        # epoch -> its records as written (not packed): what its commit sends, so that a
-        # commit does not unpack what this instance still holds; a restored epoch has none
-        self._parts: dict[int, list[tuple[list, list | None]]] = {}
         self._buffer_bytes = 0
         self._room = threading.Condition()  # a commit ended: writes may go on
         self._committing = False
         self.waited_s = 0.0  # time writes waited for a commit (backpressure)
         serial = serializes_commits(scanner.cluster_id(), spec.serialize_commits)
-        # this instance's turn to run a transaction (nothing to wait for unless serialized)
-        self._turn = commit_lock(scanner.bootstrap) if serial else contextlib.nullcontext()
-        with self._turn:
-            self.p.init_transactions()  # fences an older producer of this instance
+        self._new_committer = lambda: committer(serial)
+        # it starts, and fences the predecessor, while the job starts: the first commit
+        # (or the restore below) waits for that
+        super().__init__(spec, ctx, self._new_committer())
         self.low = scanner.end_offsets(spec.topic)  # our next records land at or after this
         if resume_state and resume_state.pending:
             self.pending = dict(resume_state.pending)
@@ -239,7 +222,6 @@ class _TransactionalWriter(_KafkaWriter):
         if self.buffer:
             epoch = PackedEpoch(self._packed, self._buffer_bytes)
             self.pending[checkpoint_id] = {"parts": epoch, "low": dict(self.low)}
-            self._parts[checkpoint_id] = self.buffer
             self.buffer, self._packed, self._buffer_bytes = [], [], 0
             added = epoch.nbytes
         return TransactionalState(self.run, dict(self.pending), added)
@@ -256,48 +238,41 @@ class _TransactionalWriter(_KafkaWriter):
         try:
             # later epochs land after what is on the topic now (a restore reads from there)
             self.low = self.scanner.end_offsets(self.spec.topic)
-            self._send(ready, set())
+            try:
+                self._send(ready, set())
+            except CommitProcessDied as exc:
+                # a new one fences what the dead one left open; what of it is visible stays
+                log.warning("%s; starting another, which writes what is not on %s",
+                            exc, self.spec.topic)
+                with contextlib.suppress(Exception):
+                    self.p.close()
+                self.p = self._new_committer()
+                self._recommit(ready)
         finally:
             with self._room:
                 self._committing = False
                 self._room.notify_all()
 
     def _send(self, ready: list[int], skip: set[bytes]) -> None:
-        with self._turn:
-            self._transaction(ready, skip)
+        epochs = []
+        for cid in ready:
+            parts = self.pending[cid]["parts"]
+            if isinstance(parts, PackedEpoch):
+                epochs.append((cid, parts.batches))
+            elif isinstance(parts, list):  # the record lists (the oldest format)
+                epochs.append((cid, parts))
+            else:  # the pickled batches of an earlier version
+                epochs.append((cid, unpack_epoch(parts)))
+        self.p.transaction(self.spec.topic, self.writer, epochs, skip)
         with self._room:
             for cid in ready:
                 del self.pending[cid]
-                self._parts.pop(cid, None)
 
-    def _transaction(self, ready: list[int], skip: set[bytes]) -> None:
-        self.p.begin()
-        topic, w = self.spec.topic, self.writer
-        for cid in ready:
-            seq = 0
-            parts: Any = self._parts.get(cid)
-            if parts is None:  # restored: only the checkpoint's packed copy is here
-                parts = self.pending[cid]["parts"]
-                if not isinstance(parts, list):  # (an earlier version's checkpoint holds the list)
-                    parts = unpack_epoch(parts)
-            # the tags ``writer:epoch:seq``, made by one bytes format per record
-            tag = (f"{w}:{cid}:".encode() + b"%d").__mod__
-            for values, keys in parts:
-                n = len(values)
-                tags = list(map(tag, range(seq, seq + n)))
-                if skip:
-                    keep = [i for i, t in enumerate(tags) if t not in skip]
-                    values = [values[i] for i in keep]
-                    keys = [keys[i] for i in keep] if keys else None
-                    tags = [tags[i] for i in keep]
-                seq += n
-                if values:
-                    self.p.send_many(topic, values, keys, (EPOCH_HEADER, tags))
-        self.p.commit()  # flushes first
-
-    def _recommit(self) -> None:
-        """Commit the restored epochs, skipping records of theirs already visible."""
-        ready = sorted(self.pending)
+    def _recommit(self, ready: list[int] | None = None) -> None:
+        """Commit the restored epochs (or ``ready``), skipping records of theirs already
+        visible."""
+        self.p.ready()  # the predecessor is fenced: what it wrote is all there is
+        ready = sorted(self.pending) if ready is None else ready
         low: dict[int, int] = {}
         for cid in ready:
             for p, off in self.pending[cid]["low"].items():
