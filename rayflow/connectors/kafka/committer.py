@@ -203,8 +203,13 @@ class CommitProcess:
 
     def close(self) -> None:
         """End the child (its producer closed); kill it if it does not end in time."""
-        with contextlib.suppress(OSError):
-            self.conn.send(("close",))
+        # not in the middle of another thread's request: its parts would mix with ours
+        if self._lock.acquire(timeout=CLOSE_TIMEOUT_S):
+            try:
+                with contextlib.suppress(OSError):
+                    self.conn.send(("close",))
+            finally:
+                self._lock.release()
         try:
             self.proc.wait(CLOSE_TIMEOUT_S)
         except subprocess.TimeoutExpired:
