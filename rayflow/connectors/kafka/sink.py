@@ -51,10 +51,10 @@ class KafkaSink(SinkSpec):
             that are not done (the checkpoints' epochs wait for their checkpoint to complete,
             then for their transaction). Past it, writes wait while a commit runs, so a
             broker or client slower than the pipeline backpressures it instead of growing
-            memory. Default 64 MiB. An instance holds its epochs once, packed as its
-            checkpoint holds them; its commit process (a process of its own that runs the
-            instance's transactions, beside the operators) holds a copy of those it is
-            writing.
+            memory. Default 64 MiB. An instance holds a pre-committed epoch once, packed
+            as its checkpoint holds it (the open epoch also as written, until its
+            barrier); its commit process (a process of its own that runs the instance's
+            transactions, beside the operators) holds a copy of those it is writing.
         transactional_id_prefix: exactly-once: transactional ids are
             ``{prefix}-{step_id}-{instance}`` (default prefix ``rayflow-{job name}``). Give
             two deployments of the same flow different prefixes, or they fence each other.
