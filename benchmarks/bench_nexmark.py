@@ -79,11 +79,12 @@ def is_actor_title(title: str) -> bool:
 class CpuMeter:
     """CPU seconds of this process and of the actor processes of our own raylet (the job's
     workers) and their children, sampled every ``every_s`` so that actors which exit
-    before the end still count; and the peak of their resident memory, summed (``peak_rss``, bytes). Ray's idle
-    pooled workers are left out of both: how many Ray keeps, and when it starts them, is
-    its own business, and it differs from one job to the next. So is the meter itself: the
-    CPU of its sampling thread (``own_s``), which runs in this process, is taken off this
-    process's (about 3% of a one-second job's CPU, measured on the 2-core VM)."""
+    before the end still count; and the peak of their resident memory, summed
+    (``peak_rss``, bytes). Ray's idle pooled workers are left out of both: how many Ray
+    keeps, and when it starts them, is its own business, and it differs from one job to
+    the next. So is the meter itself: the CPU of its sampling thread (``own_s``), which
+    runs in this process, is taken off this process's (about 3% of a one-second job's
+    CPU, measured on the 2-core VM)."""
 
     def __init__(self, every_s: float = 0.05):
         import ray
