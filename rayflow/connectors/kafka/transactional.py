@@ -89,10 +89,12 @@ def pack_epoch(parts: list[tuple[list, list | None]]) -> PackedEpoch:
     return PackedEpoch.of([_pack_batch(v, k) for v, k in parts])
 
 
-def unpack_epoch(epoch: PackedEpoch | bytes | np.ndarray) -> list[tuple[list, list | None]]:
+def unpack_epoch(epoch: PackedEpoch | bytes | np.ndarray | list) -> list[tuple[list, list | None]]:
     """The ``[(values, keys)]`` of :func:`pack_epoch`; or of a checkpoint of an earlier
     version, which pickled its packed batches into bytes (or a numpy array of them), or
-    the lists themselves."""
+    the lists themselves (pickled, or as they are)."""
+    if isinstance(epoch, list):  # the record lists themselves (the oldest format)
+        return epoch
     if isinstance(epoch, PackedEpoch):
         batches = epoch.batches
     else:
@@ -255,14 +257,10 @@ class _TransactionalWriter(_KafkaWriter):
 
     def _send(self, ready: list[int], skip: set[bytes]) -> None:
         epochs = []
-        for cid in ready:
+        for cid in ready:  # as the checkpoint holds them; an earlier version's, unpacked
             parts = self.pending[cid]["parts"]
-            if isinstance(parts, PackedEpoch):
-                epochs.append((cid, parts.batches))
-            elif isinstance(parts, list):  # the record lists (the oldest format)
-                epochs.append((cid, parts))
-            else:  # the pickled batches of an earlier version
-                epochs.append((cid, unpack_epoch(parts)))
+            epochs.append((cid, parts.batches if isinstance(parts, PackedEpoch)
+                           else unpack_epoch(parts)))
         self.p.transaction(self.spec.topic, self.writer, epochs, skip)
         with self._room:
             for cid in ready:

@@ -304,9 +304,8 @@ class _TimeLogic(_StatefulLogic):
                     self._open.setdefault(k[2], set()).add(k[1])
 
     def _queue_window(self, window: tuple) -> None:
-        """With partials: ``window`` is open (for some key)."""
-        if window not in self.fired.windows():
-            self.fired.add_many(window, [])
+        """With partials: ``window`` is open (for some key); queued once, keys apart."""
+        self.fired.add_many(window, [])
 
     def drop_key(self, key):
         for window in (self._open or {}).pop(key, ()):
