@@ -12,10 +12,26 @@ from rayflow._raycontext import ensure_ray
 TEST_NUM_CPUS = 8
 
 
+@pytest.hookimpl(tryfirst=True)  # before -m deselects
+def pytest_collection_modifyitems(items):
+    """``@pytest.mark.slow_with(gang="gloo")``: the variants with those parameters are slow
+    (their siblings stay in the quick suite)."""
+    for item in items:
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        for mark in item.iter_markers("slow_with"):
+            if all(params.get(k, object()) == v for k, v in mark.kwargs.items()):
+                item.add_marker(pytest.mark.slow)
+
+
 @pytest.fixture(scope="session")
 def ray_session():
-    """A private local Ray (``address="local"``), shut down at the end of the session."""
-    ray = ensure_ray(None, num_cpus=TEST_NUM_CPUS, include_dashboard=False)
+    """A private local Ray (``address="local"``), shut down at the end of the session.
+
+    Its workers run at the tests' own priority: at Ray's default (nice 15) a test's actors
+    got about 3% of a core beside the other test process's work, and a chaos test that
+    takes 10 s alone took minutes in the suite."""
+    ray = ensure_ray(None, num_cpus=TEST_NUM_CPUS, include_dashboard=False,
+                     _system_config={"worker_niceness": 0})
     yield ray
     ray.shutdown()
 

@@ -148,7 +148,7 @@ def _allreduce_values(comm, block):
              "i32": comm.allreduce(np.arange(4, dtype=np.int32) * comm.rank, "max")}
 
 
-@pytest.mark.parametrize("size", [3, 5])
+@pytest.mark.parametrize("size", [3, pytest.param(5, marks=pytest.mark.slow)])
 def test_gloo_allreduce_any_rank_count_is_identical_on_every_rank(ray_session, size):
     """The gloo world allreduce runs as recursive doubling; extra ranks fold into partners."""
     pytest.importorskip("torch")

@@ -73,6 +73,7 @@ def test_matvec_with_allgather(gang, tmp_path):
 
 
 @pytest.mark.parametrize("size", [1, 5])
+@pytest.mark.slow_with(gang="gloo", size=5)  # ray-5 and gloo-1 stay in the suite
 def test_the_programs_on_one_and_five_ranks(gang, size, tmp_path):
     """The programs again on a world of one rank and of five (a new gang of the module
     gang's backend): every rank count from 1 to 5 runs them on both backends."""

@@ -15,6 +15,7 @@ The quick trials run in the suite; ``-m slow`` runs the random matrix.
 from __future__ import annotations
 
 import json
+import os
 import random
 import threading
 import time
@@ -256,7 +257,7 @@ def test_coordinator_killed_and_recovered_without_anyone_waiting(ray_session, ka
     assert job.actors() == []  # nothing left running
 
 
-def test_coordinator_lost_after_the_sources_finished(ray_session, kafka_broker):
+def test_coordinator_lost_after_the_sources_finished(ray_session, kafka_broker, tmp_path):
     """The coordinator dies after the sources finished, while the barriers they sent still
     travel through a slow step: the sink's acknowledgements and its last epoch cannot
     complete without it. The job recovers, and every record is committed once."""
@@ -265,23 +266,32 @@ def test_coordinator_lost_after_the_sources_finished(ray_session, kafka_broker):
     bs = kafka_broker.bootstrap
     out = f"chaos-coord-late-{time.time_ns()}"
     create_topic(bs, out, 2)
-    n = 400
+    n, held = 400, 340
+    gate = str(tmp_path / "open")
+
+    def slow(i):
+        # records from `held` on wait for the gate: the source ends while the barriers it
+        # sent after them are held in this step, however slow the machine is
+        deadline = time.monotonic() + 120
+        while i >= held and not os.path.exists(gate) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return i
+
     flow = rf.Dataflow("chaos-coord-late")
     (flow.source("src", rf.GeneratorSource(lambda i: i, count=n, rate=400))
-         .map("slow", lambda i: (time.sleep(0.04), i)[1], parallelism=2)  # 50 records/s
+         .map("slow", slow, parallelism=2)
          .map("fmt", lambda i: str(i).encode(), parallelism=2)
          .sink("out", rf.KafkaSink(out, bootstrap=bs)))
-    # channels deep enough that the source ends seconds ahead of the slow step (at the
-    # default 2 batches in flight per channel it stays a few batches ahead, and an
-    # exactly-once job keeps a fifth of its interval of work in flight unless
-    # channel_target_s is 0). The slow step takes 8 s for the 400 records: a loaded CI
-    # machine saw 234 at the sink when the source reported its last, at 20 ms a record.
+    # channels deep enough for the source to end while the slow step holds its last 60
+    # records (about 90 fit in flight here; an exactly-once job keeps a fifth of its
+    # interval of work in flight unless channel_target_s is 0)
     job = rf.run(flow, background=True,
                  stream={"batch_size": 10, "channel_calls": 16, "channel_target_s": 0},
                  checkpoint={"interval_s": 0.2, "processing_guarantee": "exactly_once"})
     wait_for(lambda: job.metrics().get("src", {}).get("records_out") == n, 60, every_s=0.02)
-    assert job.metrics()["out"]["records_in"] < n / 2  # the sink is still far behind
+    assert job.metrics()["out"]["records_in"] <= held  # the sink is still far behind
     ray.kill(job.coordinator, no_restart=True)
+    open(gate, "w").close()
     job.wait(240)
     assert job.status() == "FINISHED" and len(job.recoveries) == 1, job.recoveries
     got = Counter(int(v) for v in read_values(bs, out, "read_committed"))
