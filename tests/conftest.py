@@ -2,9 +2,17 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from rayflow._raycontext import ensure_ray
+
+# The Ray instances the tests start (this session's, and those of the programs they run:
+# the docs' examples, submitted jobs) run their workers at the tests' own priority. At Ray's
+# default (nice 15) a test's actors got about 3% of a core beside the other test process's
+# work: a chaos test that takes 10 s alone took up to 165 s in the suite.
+os.environ.setdefault("RAY_worker_niceness", "0")
 
 # Logical CPUs for the test Ray instance. The machine has 2 cores; MPI-stage gangs ask for
 # 1 CPU per rank and streaming actors for 0, so 8 logical CPUs let a 4-rank gang and a
@@ -25,13 +33,8 @@ def pytest_collection_modifyitems(items):
 
 @pytest.fixture(scope="session")
 def ray_session():
-    """A private local Ray (``address="local"``), shut down at the end of the session.
-
-    Its workers run at the tests' own priority: at Ray's default (nice 15) a test's actors
-    got about 3% of a core beside the other test process's work, and a chaos test that
-    takes 10 s alone took minutes in the suite."""
-    ray = ensure_ray(None, num_cpus=TEST_NUM_CPUS, include_dashboard=False,
-                     _system_config={"worker_niceness": 0})
+    """A private local Ray (``address="local"``), shut down at the end of the session."""
+    ray = ensure_ray(None, num_cpus=TEST_NUM_CPUS, include_dashboard=False)
     yield ray
     ray.shutdown()
 
