@@ -266,27 +266,28 @@ def test_coordinator_lost_after_the_sources_finished(ray_session, kafka_broker, 
     bs = kafka_broker.bootstrap
     out = f"chaos-coord-late-{time.time_ns()}"
     create_topic(bs, out, 2)
-    n, held = 400, 340
+    n, held = 400, 200
     gate = str(tmp_path / "open")
 
     def slow(i):
         # records from `held` on wait for the gate: the source ends while the barriers it
-        # sent after them are held in this step, however slow the machine is
+        # sent after them are held in this step, however fast or slow the machine is
         deadline = time.monotonic() + 120
         while i >= held and not os.path.exists(gate) and time.monotonic() < deadline:
             time.sleep(0.01)
         return i
 
     flow = rf.Dataflow("chaos-coord-late")
-    (flow.source("src", rf.GeneratorSource(lambda i: i, count=n, rate=400))
+    (flow.source("src", rf.GeneratorSource(lambda i: i, count=n))
          .map("slow", slow, parallelism=2)
          .map("fmt", lambda i: str(i).encode(), parallelism=2)
          .sink("out", rf.KafkaSink(out, bootstrap=bs)))
-    # channels deep enough for the source to end while the slow step holds its last 60
-    # records (about 90 fit in flight here; an exactly-once job keeps a fifth of its
-    # interval of work in flight unless channel_target_s is 0)
+    # room in flight for the 200 records the slow step holds: 16 whole batches of 10 per
+    # channel (a source without a rate sends whole batches; batch_target_s 0 keeps the
+    # blocked step from being sent parts of them, channel_target_s 0 from fewer calls)
     job = rf.run(flow, background=True,
-                 stream={"batch_size": 10, "channel_calls": 16, "channel_target_s": 0},
+                 stream={"batch_size": 10, "channel_calls": 16, "channel_target_s": 0,
+                         "batch_target_s": 0},
                  checkpoint={"interval_s": 0.2, "processing_guarantee": "exactly_once"})
     wait_for(lambda: job.metrics().get("src", {}).get("records_out") == n, 60, every_s=0.02)
     assert job.metrics()["out"]["records_in"] <= held  # the sink is still far behind
