@@ -402,9 +402,13 @@ def test_communicators_and_cartesian_topology(gang):
         assert v["row"] == (2, [r // 2 * 2, r // 2 * 2 + 1])
 
 
-# a failed rank breaks a gloo context: the gloo variant rebuilds its gang (20-40 s here);
-# a gloo gang replaced after a death is tested in the suite (test_recovery)
-@pytest.mark.slow_with(gang="gloo")
+# A failed rank breaks a gloo context: these tests' gloo variants rebuild their gang (20-40 s
+# each here), so they run with -m slow; a gloo gang replaced after a death is tested in the
+# suite (test_recovery), and the ray variants stay.
+_rebuilds_a_gloo_gang = pytest.mark.slow_with(gang="gloo")
+
+
+@_rebuilds_a_gloo_gang
 def test_a_failed_rank_fails_the_run_and_stops_the_others(gang):
     from rayflow.hpc import MPIRunError, run_mpi
 
@@ -419,9 +423,7 @@ def test_a_failed_rank_fails_the_run_and_stops_the_others(gang):
     assert run(gang, _basics)[3][0] == 3
 
 
-# a failed rank breaks a gloo context: the gloo variant rebuilds its gang (20-40 s here);
-# a gloo gang replaced after a death is tested in the suite (test_recovery)
-@pytest.mark.slow_with(gang="gloo")
+@_rebuilds_a_gloo_gang
 def test_abort_and_sys_exit_set_the_exit_status(gang):
     from rayflow.hpc import run_mpi
 
@@ -440,9 +442,7 @@ def _fails_once(marker):
     return MPI.COMM_WORLD.allreduce(1)
 
 
-# a failed rank breaks a gloo context: the gloo variant rebuilds its gang (20-40 s here);
-# a gloo gang replaced after a death is tested in the suite (test_recovery)
-@pytest.mark.slow_with(gang="gloo")
+@_rebuilds_a_gloo_gang
 def test_retries_rerun_the_whole_program(gang, tmp_path):
     import functools
 
