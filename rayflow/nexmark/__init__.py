@@ -47,6 +47,16 @@ class _Rows:
         return self.generator.rows(seq)
 
 
+@dataclass(frozen=True)
+class _Times:
+    """GeneratorSource ``timestamps``: event numbers -> their event times (s)."""
+
+    generator: NexmarkGenerator
+
+    def __call__(self, seq: np.ndarray) -> np.ndarray:
+        return self.generator.event_times_s(seq)
+
+
 def max_delay_s(config: NexmarkConfig) -> float:
     """The event-time disorder of the generator's output: one out-of-order group's span, plus
     a millisecond for the rounding of event times to ms. A watermark that trails the largest
@@ -58,12 +68,13 @@ def nexmark_source(config: NexmarkConfig, count: int | None, *, rate: float | No
                    columnar: bool = True):
     """A :class:`~rayflow.GeneratorSource` of Nexmark events: Arrow batches (``columnar``)
     or lists of dicts. ``count`` events in all (None: unbounded), at ``rate`` events/s of
-    wall clock (None: as fast as possible)."""
+    wall clock (None: as fast as possible). It gives the events' event times (one numpy
+    call per batch), so ``EventTime()`` needs no timestamp function behind it."""
     from rayflow.connectors.memory import GeneratorSource
 
     gen = NexmarkGenerator(config)
     return GeneratorSource(_Batch(gen) if columnar else _Rows(gen), count=count, rate=rate,
-                           columnar=True)
+                           columnar=True, timestamps=_Times(gen))
 
 
 def nexmark_flow(query: str | Query, config: NexmarkConfig | None = None,
@@ -109,10 +120,12 @@ def nexmark_flow(query: str | Query, config: NexmarkConfig | None = None,
     if late_sink is not None and not query.late:
         raise ConfigError(f"nexmark: {query.name} has no step that sends late events aside, "
                           f"so nothing for late_sink")
+    # the generator gives its events' times; another source's events carry theirs
+    timestamp = event_time_s if source is not None else None
     if source is None:
         source = nexmark_source(config, count, rate=rate, columnar=columnar)
     flow = Dataflow(name or f"nexmark-{query.name}")
-    wm = EventTime(timestamp=event_time_s, max_delay_s=max_delay_s(config)) \
+    wm = EventTime(timestamp=timestamp, max_delay_s=max_delay_s(config)) \
         if query.event_time else None
     events = flow.source("events", source, parallelism, watermarks=wm, **source_options)
     out = query.build(events, columnar, config)

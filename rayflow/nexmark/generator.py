@@ -155,6 +155,11 @@ class NexmarkGenerator:
         return c.base_time_ms + np.floor(numbers * c.inter_event_delay_us / 1000.0
                                          ).astype(np.int64)
 
+    def event_times_s(self, n: np.ndarray) -> np.ndarray:
+        """Event times (s) of the events numbered ``n``: their ``date_time`` / 1000, as
+        :func:`event_time_s` gives them, without making the events."""
+        return self.timestamps_ms(self.adjusted_numbers(np.asarray(n, dtype=np.int64))) / 1000.0
+
     def watermark_ms(self, n: int) -> int:
         """The minimum event time of events ``n, n + 1, ...`` (the start of n's group)."""
         g = self.config.out_of_order_group_size

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from rayflow.nexmark import NexmarkConfig, NexmarkGenerator, max_delay_s
-from rayflow.nexmark.generator import COLUMNS, KINDS
+from rayflow.nexmark.generator import COLUMNS, KINDS, event_time_s
 
 N = 5000
 
@@ -120,3 +120,9 @@ def test_unknown_options_and_bad_numbers_are_errors():
         _gen().rows([-1])
     with pytest.raises(TypeError, match="NexmarkConfig"):
         NexmarkGenerator({"seed": 1})
+
+
+def test_event_times_without_the_events_equal_the_events_times():
+    gen = _gen(out_of_order_group_size=4)
+    numbers = np.arange(5, 2000, 3)
+    assert gen.event_times_s(numbers).tolist() == [event_time_s(e) for e in gen.rows(numbers)]

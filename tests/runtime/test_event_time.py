@@ -138,3 +138,43 @@ def test_after_a_failure_windows_close_at_the_same_event_times(ray_session, kafk
     assert got == want
     assert sorted(tuple(json.loads(v)) for v in results["ref"][1]) == sorted(
         r for i, r in enumerate(records) if i % 100 == 99)
+
+
+def _times_of(seq):
+    """Event times of a GeneratorSource's records, out of order in pairs: 0.1 s apart,
+    each even record a step behind its odd neighbour."""
+    return (seq ^ 1) * 0.1
+
+
+def test_a_generator_gives_its_records_event_times(ray_session):
+    """``GeneratorSource(timestamps=...)``: one call per batch gives the event times, and
+    ``EventTime()`` on the source needs no timestamp function; the windows equal the plain
+    reference over 2 instances, and nothing within the bound is late."""
+    n = 3000
+    flow = rf.Dataflow("generator-times")
+    counts = (flow.source("src", rf.GeneratorSource(lambda seq: (seq % 3).tolist(), count=n,
+                                                    columnar=True, timestamps=_times_of),
+                          parallelism=2, watermarks=EventTime(max_delay_s=0.2))
+                  .key_by(lambda k: k)
+                  .window("win", TumblingWindow(10.0), Count(), clock=EventTime()))
+    counts.sink("out", rf.CollectSink())
+    counts.side("late").sink("late", rf.CollectSink())
+    job = flow.run(stream={"batch_size": 97}, timeout_s=120)
+    assert job.collect("late") == []
+    expected = Counter((i % 3, float(math.floor(((i ^ 1) * 0.1) / 10.0) * 10.0))
+                       for i in range(n))
+    assert Counter({(r.key, r.start): r.value for r in job.collect("out")}) == expected
+
+
+def test_a_generator_whose_event_times_do_not_match_its_records_is_an_error():
+    from rayflow.core.operators import StepContext
+
+    reader = rf.GeneratorSource(lambda seq: seq, count=10, columnar=True,
+                                timestamps=lambda seq: seq[:-1] * 1.0).build(
+        StepContext("src", 0, 1))
+    with pytest.raises(ValueError, match=r"timestamps gave \(4,\) times for 5 records"):
+        reader.poll(5, 0.0)
+    items, times = rf.GeneratorSource(lambda seq: seq, count=10, columnar=True,
+                                      timestamps=lambda seq: seq * 0.5, rate=1e9).build(
+        StepContext("src", 1, 2)).poll(3, 0.0)
+    assert items.tolist() == [1, 3, 5] and times.tolist() == [0.5, 1.5, 2.5]
