@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from itertools import compress
 from typing import Any
 
 import numpy as np
@@ -45,23 +46,27 @@ class _MapLogic(_ItemLogic):
         return Output(out, drop_positions(event_times, failed), dead)
 
 
+def _mask(keep: list) -> np.ndarray:
+    """The predicate's answers as a bool array (each answer's truth value)."""
+    return np.frombuffer(bytes(map(bool, keep)), dtype=bool)
+
+
 class _FilterLogic(_ItemLogic):
     def _predicate(self, items, event_times):
         """The records that did not fail, their event times, the predicate's answer for each
-        (a bool mask) and the dead letters of those that failed."""
+        (as it returned them) and the dead letters of those that failed."""
         records = rows(items)
         keep, failed, dead = self._apply(records)
         if failed:
             bad = set(failed)
             records = [r for i, r in enumerate(records) if i not in bad]
             event_times = drop_positions(event_times, failed)
-        return records, event_times, np.fromiter(map(bool, keep), dtype=bool,
-                                                 count=len(keep)), dead
+        return records, event_times, keep, dead
 
     def process(self, items, event_times):
-        records, event_times, mask, dead = self._predicate(items, event_times)
-        out = [r for r, k in zip(records, mask) if k]
-        return Output(out, None if event_times is None else event_times[mask], dead)
+        records, event_times, keep, dead = self._predicate(items, event_times)
+        out = list(compress(records, keep))  # (a loop in C, on each answer's truth value)
+        return Output(out, None if event_times is None else event_times[_mask(keep)], dead)
 
 
 class _FlatMapLogic(_ItemLogic):
@@ -165,9 +170,10 @@ class Union(OperatorSpec):
 
 class _BranchLogic(_FilterLogic):
     def process(self, items, event_times):
-        records, event_times, mask, dead = self._predicate(items, event_times)
-        yes = [r for r, k in zip(records, mask) if k]
-        no = [r for r, k in zip(records, mask) if not k]
+        records, event_times, keep, dead = self._predicate(items, event_times)
+        mask = _mask(keep)
+        yes = list(compress(records, keep))
+        no = list(compress(records, (~mask).tolist()))
         times = (None, None) if event_times is None else (event_times[mask],
                                                           event_times[~mask])
         side = {BRANCH_REST: (no, times[1])} if no else {}

@@ -3,7 +3,7 @@
 import numpy as np
 
 from rayflow.core.operators import StepContext, apply_each
-from rayflow.operators.stateless import Filter, FlatMap, Map, MapBatches
+from rayflow.operators.stateless import BRANCH_REST, Branch, Filter, FlatMap, Map, MapBatches
 
 CTX = StepContext("s", 2, 4)
 
@@ -44,6 +44,25 @@ def test_filter_and_flat_map_match_python():
     fm = FlatMap(str.split).build(CTX).process(data, np.arange(4.0))
     assert fm.items == [w for s in data for w in s.split()]
     assert fm.event_times.tolist() == [0, 0, 0, 2, 2, 3]
+
+
+def test_filter_and_branch_take_any_answer_by_its_truth_value_and_keep_times_aligned():
+    """A predicate may answer with any value (Python's truth value decides), and a record
+    whose predicate raises is a dead letter: the records and their times stay paired."""
+    data = [3, 0, 4, None, 6, 7, "", 9]
+    answers = {3: "x", 0: [], 4: 1, 6: 0.0, 7: [0], "": None, 9: float("nan")}
+    times = np.arange(len(data)) * 10.0
+    kept = [i for i, r in enumerate(data) if r is not None and answers[r]]
+    f = Filter(answers.__getitem__).build(CTX).process(data, times)
+    assert f.items == [data[i] for i in kept]
+    assert f.event_times.tolist() == [times[i] for i in kept]
+    assert [d.record for d in f.dead] == [None]
+    b = Branch(answers.__getitem__).build(CTX).process(data, times)
+    rest = [i for i, r in enumerate(data) if r is not None and not answers[r]]
+    assert (b.items, b.event_times.tolist()) == (f.items, f.event_times.tolist())
+    items, rest_times = b.side[BRANCH_REST]
+    assert items == [data[i] for i in rest]
+    assert rest_times.tolist() == [times[i] for i in rest]
 
 
 def test_map_batches_numpy_and_failure_is_one_dead_letter():
