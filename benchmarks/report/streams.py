@@ -350,6 +350,20 @@ def _w4(doc: dict, ctx: _Ctx) -> list[str]:
     lines += ["Guarantees and state backends, parallelism 1, checkpoints every 0.5 s (the "
               "exactly-once sink's records are visible at its commits: its delivered figure "
               "holds them):", ""] + table(guar, "at-least-once")
+    glong = doc.get("guarantees_long") or []
+    long_n = doc.get("long_sentences")
+    by_g, by_long = {r["system"]: r for r in guar}, {r["system"]: r for r in glong}
+    if glong:
+        lines += [f"Exactly-once and at-least-once again on {_n(long_n)} sentences: the "
+                  "exactly-once sink writes each epoch once its checkpoint is durable, so "
+                  "the epochs not yet written when the input ends are written after it: its "
+                  f"delivered figure carries that end ({_end(by_g.get('exactly-once'))} s "
+                  "after the last record "
+                  f"left, at-least-once's final flush {_end(by_g.get('at-least-once'))} s, "
+                  f"in the runs of {_n(doc.get('sentences'))} sentences above), which a run "
+                  f"of {_n(_med((by_g.get('exactly-once') or {}).get('span_s')))} s cannot "
+                  f"amortize and one of {_n(_med((by_long.get('exactly-once') or {}).get('span_s')))} "
+                  "s does:", ""] + table(glong, "at-least-once")
     big = doc.get("million_words") or []
     if big:
         lines += ["A 10⁶-word vocabulary (Zipf): nearly every record reads and writes a key's "
@@ -359,10 +373,14 @@ def _w4(doc: dict, ctx: _Ctx) -> list[str]:
         lines += ["The pure-Python client, beside its own plain loop:", ""] + \
             table(kp, "plain loop (kafka-python)")
     eos, amo = doc.get("eos_vs_alo"), doc.get("amo_vs_alo")
+    eos_long = doc.get("eos_vs_alo_long")
     rdb, fs = doc.get("rocksdb_vs_memory_1m_words"), doc.get("filesystem_vs_memory")
+    flink_eos = f"Flink {_x(1 - pub['flink_eos_vs_alo_slowdown'])}"
     lines += _table(["ratio (medians)", "rayflow", "published"], [
-        ["exactly-once / at-least-once (delivered)", _x(eos),
-         f"Flink {_x(1 - pub['flink_eos_vs_alo_slowdown'])}"],
+        [f"exactly-once / at-least-once (delivered, {_n(doc.get('sentences'))} sentences)",
+         _x(eos), flink_eos],
+        *([[f"exactly-once / at-least-once (delivered, {_n(long_n)} sentences)",
+            _x(eos_long), flink_eos]] if eos_long is not None else []),
         ["at-most-once / at-least-once", _x(amo),
          f"Storm {_x(1 + pub['storm_amo_vs_alo_speedup'])}"],
         ["RocksDB / memory state (10⁶ words)", _x(rdb),
@@ -390,8 +408,15 @@ def _w4(doc: dict, ctx: _Ctx) -> list[str]:
                       f"{_x(_ratio(_med(p1.get('rec_s')), _med(r.get('rec_s'))))} rec/s, "
                       f"{_x(_ratio(_med(p1.get('delivered_rec_s')), _med(r.get('delivered_rec_s'))))}"
                       " delivered (rayflow p1 / peer)", None, status="reported")
-    ctx.check("W4", "exactly-once within 6.3% of at-least-once (delivered)", f"{_x(eos)}",
-              None if eos is None else eos >= 1 - 0.063)
+    if eos_long is None:
+        ctx.check("W4", "exactly-once within 6.3% of at-least-once (delivered)", f"{_x(eos)}",
+                  None if eos is None else eos >= 1 - 0.063)
+    else:  # judged where the end of the input is not most of the difference
+        ctx.check("W4", f"exactly-once within 6.3% of at-least-once (delivered, "
+                  f"{_n(long_n)} sentences)",
+                  f"{_x(eos_long)} ({_n(doc.get('sentences'))} sentences: {_x(eos)}, with "
+                  f"{_end(by_g.get('exactly-once'))} s of commit after the last record)",
+                  eos_long >= 1 - 0.063)
     ctx.check("W4", "RocksDB within 3× of the memory backend (10⁶ words)", f"{_x(rdb)}",
               None if rdb is None else rdb >= 1 / 3)
     rec = _find_number(doc, "recovery")
@@ -399,6 +424,12 @@ def _w4(doc: dict, ctx: _Ctx) -> list[str]:
               f"{_n(rec)} s" if rec is not None else "not in the benchmark's results",
               None if rec is None else rec <= 10)
     return lines
+
+
+def _end(row: dict | None) -> str:
+    """The median time from a run's last record out to its final flush or commit."""
+    v = _med((row or {}).get("end_s"))
+    return "–" if v is None else f"{v:.2f}"
 
 
 def _find_number(doc: dict, word: str) -> float | None:
