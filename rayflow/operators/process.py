@@ -103,12 +103,17 @@ class TimerQueue:
 
     def register(self, key: Any, ts: float) -> bool:
         """Add the timer; False if it was there already."""
-        if (ts, key) in self._live:
+        timer = (ts, key)
+        if timer in self._live:
             return False
-        self._live.add((ts, key))
+        self._live.add(timer)
         heapq.heappush(self._heap, (ts, str(key), self._n, key))
         self._n += 1
         return True
+
+    def due(self, t: float) -> bool:
+        """Whether a timer (live or deleted) is at or before ``t``: if not, none is due."""
+        return bool(self._heap) and self._heap[0][0] <= t
 
     def delete(self, key: Any, ts: float) -> bool:
         """Remove the timer; False if there was none."""
@@ -176,7 +181,7 @@ class TimerService:
         reaches ``processing_time`` (seconds since the epoch). Exactly one of the two."""
         if processing_time is None and event_time.__class__ is float \
                 and event_time == event_time:  # the usual call (a float, not NaN)
-            self._logic._register(self._key, EVENT_TIME, event_time)
+            self._logic._register_event(self._key, event_time)
             return
         domain, ts = _which(event_time, processing_time, "register")
         self._logic._register(self._key, domain, ts)
@@ -278,6 +283,7 @@ class _ProcessLogic(_StatefulLogic):
         self._element, self._on_timer, self._obj = _callables(spec.fn)
         self.watermark = self.state.get(self.WM, -math.inf)
         self.queues = {EVENT_TIME: TimerQueue(), PROCESSING_TIME: TimerQueue()}
+        self._event_queue = self.queues[EVENT_TIME]
         self._by_key: dict = {}  # key -> {(domain, ts)}: the live timers
         for k, v in self.state.items():
             if isinstance(k, tuple) and len(k) == 2 and k[0] == _TIMERS:
@@ -312,6 +318,18 @@ class _ProcessLogic(_StatefulLogic):
         if self.queues[domain].register(key, ts):
             self._by_key.setdefault(key, set()).add((domain, ts))
             self._timers_dirty.add(key)
+
+    def _register_event(self, key, ts):
+        """:meth:`_register` of an event-time timer (the usual call), with fewer calls."""
+        if self._on_timer is None or not self._event_queue.register(key, ts):
+            self._register(key, EVENT_TIME, ts)  # (raises without on_timer; else a no-op)
+            return
+        timers = self._by_key.get(key)
+        if timers is None:
+            self._by_key[key] = {(EVENT_TIME, ts)}
+        else:
+            timers.add((EVENT_TIME, ts))
+        self._timers_dirty.add(key)
 
     def _delete(self, key, domain, ts):
         if self.queues[domain].delete(key, ts):
@@ -375,8 +393,8 @@ class _ProcessLogic(_StatefulLogic):
                 ctx.key = state._key = timers._key = key
                 ctx.timestamp = t
                 got = element(rec, ctx)
-                if got is not None:
-                    got = list(got)
+                if got is not None and got.__class__ is not list:
+                    got = list(got)  # (a generator runs here, inside the try)
             except Exception as exc:  # noqa: BLE001 - user code
                 dead.append(self.dead(describe_exception(exc), rec))
                 continue
@@ -404,7 +422,7 @@ class _ProcessLogic(_StatefulLogic):
         out_t: list = []
         dead: list = []
         on_timer = self._on_timer
-        if on_timer is None or not self.queues[domain]:  # no timer is due
+        if on_timer is None or not self.queues[domain].due(until):  # no timer is due
             return Output(out, None)
         ctx, forget = self._context, self._forget
         state, timers = ctx.state, ctx.timers
@@ -415,8 +433,8 @@ class _ProcessLogic(_StatefulLogic):
             ctx.timestamp = ts
             try:
                 got = on_timer(key, ts, ctx)
-                if got is not None:
-                    got = list(got)
+                if got is not None and got.__class__ is not list:
+                    got = list(got)  # (a generator runs here, inside the try)
             except Exception as exc:  # noqa: BLE001 - user code
                 dead.append(self.dead(describe_exception(exc), (key, ts), f"on_timer {domain}"))
                 continue
