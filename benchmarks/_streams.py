@@ -11,11 +11,10 @@ The figures are computed the same way for all of them, from the output topic rea
   consumer;
 - ``startup_s``: first inTime - the time the system was launched (reported apart).
 
-The W4 plain loop runs in a fresh process of its own (:func:`run_plain`), as rayflow's step
+The plain loops run in a fresh process of their own (:func:`run_plain`), as rayflow's step
 actors and the peers do: in the benchmark's driver, whose heap holds the input data and
-every round's read-back records, it slowed round after round (29.2k -> 23.8k -> 22.7k
-sentences/s in three rounds). The W2 plain loop still runs in the driver: its published
-figures were measured that way, and it moves to :func:`run_plain` when W2 is next measured.
+every round's read-back records, the W4 loop slowed round after round (29.2k -> 23.8k ->
+22.7k sentences/s in three rounds).
 
 Systems run in interleaved rounds (A B C A B C ...), each round on fresh output topics, and
 each figure is reported as the median with the min-max over the rounds.

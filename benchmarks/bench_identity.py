@@ -102,7 +102,7 @@ def plain(bs: str, topic: str, n: int, client: str):
     def run(_round: int) -> dict:
         out = S.new_topic(bs, "w2-plain")
         t0 = time.time()
-        t_done = S.plain_identity(client, bs, topic, out, n)
+        t_done = S.run_plain("identity", client, bs, topic, out, n)
         recs = S.read_back(bs, out)
         return _check(S.figures(n, recs, S.identity_stamps, t0, t_done), recs, n)
     return run

@@ -159,8 +159,9 @@ def _w2(doc: dict, ctx: _Ctx) -> list[str]:
              "outTime stamp at exit. Same-run baselines: a bare single-process Python loop "
              "doing the same two stamps, and a plain single-process consume → stamp → produce "
              "loop with the same Kafka client and settings (rayflow's: 16,384 records a batch, "
-             f"linger 5 ms). Published (single thread): Storm {_n(pub['storm_rec_s'])} rec/s, "
-             f"Flink {_n(pub['flink_rec_s'])} rec/s.", ""]
+             "linger 5 ms), in a fresh process of its own, as the job's steps run. Published "
+             f"(single thread): Storm {_n(pub['storm_rec_s'])} rec/s, Flink "
+             f"{_n(pub['flink_rec_s'])} rec/s.", ""]
     lines += [f"In memory, parallelism 1 ({rounds} interleaved rounds; the job's span, first "
               "source batch to last write):", ""] + _table(
         ["variant", "rayflow rec/s", "bare loop rec/s", "rayflow / loop", "vs Flink (pub.)"],
