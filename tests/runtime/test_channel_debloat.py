@@ -49,7 +49,7 @@ def test_a_barrier_and_the_end_go_out_on_a_full_channel_at_once_in_order(ray_ses
     arrives after the batches sent before it."""
     import ray
 
-    from rayflow.core.messages import Barrier
+    from rayflow.core.messages import Barrier, Watermark
     from rayflow.runtime.channel import Emitter
 
     @ray.remote(num_cpus=0)
@@ -71,8 +71,27 @@ def test_a_barrier_and_the_end_go_out_on_a_full_channel_at_once_in_order(ray_ses
     em.emit(Batch([2], None, time.time()))  # the channel's 2 calls are in use: it is full
     t0 = time.perf_counter()
     em.emit_barrier(Barrier(1))
+    em.emit_control(Watermark(5.0))
     em.emit_eos()
     assert time.perf_counter() - t0 < 0.5  # a call takes 1 s
     em.drain()
     assert ray.get(recv.got.remote()) == [(0, "Batch"), (1, "Batch"), (2, "Barrier"),
-                                          (3, "EndOfStream")]
+                                          (3, "Watermark"), (4, "EndOfStream")]
+
+
+def test_a_tick_waits_for_room_on_a_full_channel(ray_session):
+    """An idle source sends ticks as time passes: those wait for a free call, so a stuck
+    receiver cannot pile them up."""
+    from rayflow.core.messages import Tick
+    from rayflow.runtime.channel import Emitter
+
+    recv = _receiver()  # 0.1 s a call
+    em = Emitter(("up", 0), [OutEdge("down", "forward", (0,))], {"down": [recv]},
+                 max_bytes=1 << 30, max_calls=2)
+    em.emit(Batch([1], None, time.time()))
+    em.emit(Batch([2], None, time.time()))
+    chan = em.edges[0][1][0]
+    for _ in range(5):
+        em.emit_control(Tick(time.time()))
+        assert len(chan.window) <= 2
+    em.drain()
