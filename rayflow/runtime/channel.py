@@ -6,8 +6,6 @@ batch under both limits (bytes and calls): that wait is backpressure, and it is 
 Because an instance's own ``push`` does not return while it waits, a slow step stalls its
 producers all the way back to the sources, and memory stays bounded by the windows.
 A batch larger than the whole byte window still goes out alone, so nothing deadlocks.
-A marker (a barrier, a watermark, the end of stream) does not wait: it goes at once, one
-call over the limit, in order with the batches (see :meth:`Emitter.emit_control`).
 
 Batches follow the receiver's pace. A receiver answers each ``push`` with the seconds it
 took, and the channel fits the cost of a call, ``fixed_s + per_record_s * rows``, to the last
@@ -36,7 +34,7 @@ from typing import Any
 import numpy as np
 import ray
 
-from rayflow.core.messages import Barrier, EndOfStream, Tick
+from rayflow.core.messages import Barrier, EndOfStream
 from rayflow.core.records import Batch, nbytes, partition_indices, take
 from rayflow.runtime.pace import CallPace, deal, least_loaded, window_calls
 from rayflow.runtime.plan import OutEdge
@@ -171,17 +169,11 @@ class Emitter:
         self.emit_control(EndOfStream(*self.source, drain))
 
     def emit_control(self, msg: Any) -> None:
-        """Send a marker (end of stream, barrier, watermark, tick) on every channel, in order
-        with the batches before it. A full channel takes it at once, one call over its
-        limit: waiting there for a call to finish left the sender's other channels without
-        batches meanwhile (W3 at parallelism 8: gaps of 50-150 ms in every instance at every
-        checkpoint). Each such marker follows data (a watermark advances with the records, a
-        barrier comes once per checkpoint, the end once), so the calls stay bounded; only a
-        tick, which an idle source sends as time passes, waits for room."""
-        wait = isinstance(msg, Tick)
+        """Send a marker (end of stream, barrier, tick) on every channel, in order with the
+        batches before it."""
         for _, chans in self.edges:
             for chan in chans:
-                self._send(chan, msg, 0, wait=wait)
+                self._send(chan, msg, 0)
 
     def emit_barrier(self, barrier: Barrier) -> dict[tuple[str, int], tuple]:
         """Pass ``barrier`` on to every downstream instance. Aligned (and for savepoints), in
@@ -194,7 +186,7 @@ class Emitter:
         for _, chans in self.edges:
             for chan in chans:
                 if chan.local is not None or not self.unaligned or barrier.stop_after:
-                    self._send(chan, barrier, 0, wait=False)  # at once: see emit_control
+                    self._send(chan, barrier, 0)
                     continue
                 while chan.window and self._complete_oldest(chan, block=False):
                     pass
