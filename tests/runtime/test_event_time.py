@@ -176,5 +176,5 @@ def test_a_generator_whose_event_times_do_not_match_its_records_is_an_error():
         reader.poll(5, 0.0)
     items, times = rf.GeneratorSource(lambda seq: seq, count=10, columnar=True,
                                       timestamps=lambda seq: seq * 0.5, rate=1e9).build(
-        StepContext("src", 1, 2)).poll(3, 0.0)
+        StepContext("src", 1, 2)).poll(3, 1.0)  # (1 s: room to wait for the rate)
     assert items.tolist() == [1, 3, 5] and times.tolist() == [0.5, 1.5, 2.5]
