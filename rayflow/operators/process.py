@@ -321,9 +321,10 @@ class _ProcessLogic(_StatefulLogic):
 
     def _register_event(self, key, ts):
         """:meth:`_register` of an event-time timer (the usual call), with fewer calls."""
-        if self._on_timer is None or not self._event_queue.register(key, ts):
-            self._register(key, EVENT_TIME, ts)  # (raises without on_timer; else a no-op)
-            return
+        if self._on_timer is None:
+            self._register(key, EVENT_TIME, ts)  # (raises: the error is said there once)
+        if not self._event_queue.register(key, ts):
+            return  # there already
         timers = self._by_key.get(key)
         if timers is None:
             self._by_key[key] = {(EVENT_TIME, ts)}

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from itertools import compress
+from operator import not_
 from typing import Any
 
 import numpy as np
@@ -171,11 +172,13 @@ class Union(OperatorSpec):
 class _BranchLogic(_FilterLogic):
     def process(self, items, event_times):
         records, event_times, keep, dead = self._predicate(items, event_times)
-        mask = _mask(keep)
         yes = list(compress(records, keep))
-        no = list(compress(records, (~mask).tolist()))
-        times = (None, None) if event_times is None else (event_times[mask],
-                                                          event_times[~mask])
+        no = list(compress(records, map(not_, keep)))
+        if event_times is None:
+            times = (None, None)
+        else:
+            mask = _mask(keep)
+            times = (event_times[mask], event_times[~mask])
         side = {BRANCH_REST: (no, times[1])} if no else {}
         return Output(yes, times[0], dead, side)
 
