@@ -226,3 +226,14 @@ def test_the_context_is_the_current_records_during_each_call(backend):
     logic.snapshot()
     assert {k for k, _ in logic.state.items() if isinstance(k, tuple)} == {
         ("__v", "a"), ("__v", "b")}
+
+
+def test_a_timer_without_on_timer_is_a_dead_letter_and_registers_nothing():
+    def element(value, ctx):
+        ctx.timers.register(event_time=ctx.timestamp + 1.0)
+
+    logic = Process(element, key_fn=lambda r: r).build(StepContext("p", 0, 1))
+    out = logic.process(["a"], np.array([1.0]))
+    assert [d.record for d in out.dead] == ["a"]
+    assert "no on_timer" in out.dead[0].reason
+    assert len(logic.queues["event_time"]) == 0
