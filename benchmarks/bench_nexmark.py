@@ -103,39 +103,45 @@ class CpuMeter:
         self._first: dict = {}
         self._last: dict = {}
         self.peak_rss = 0
+        self.peak_procs: list = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
 
-    def _procs(self):
-        out = [psutil.Process()]
+    def _procs(self) -> list[tuple[Any, str]]:
+        """``(process, its title)``: this one, and the job's."""
+        out = [(psutil.Process(), "driver")]
         for p in self._raylet.children(recursive=True):
             try:
                 title = " ".join(p.cmdline())
             except psutil.Error:
                 continue
             if is_actor_title(title):
-                out.append(p)
+                out.append((p, title.split()[0]))
                 try:  # an actor's own processes (an exactly-once sink's commit process)
-                    out.extend(p.children(recursive=True))
+                    out.extend((c, f"{title.split()[0]} child") for c in
+                               p.children(recursive=True))
                 except psutil.Error:
                     pass
         return out
 
     def _sample(self, first: bool = False) -> None:
-        me, rss = psutil.Process().pid, 0
-        for p in self._procs():
+        me, rss, each = psutil.Process().pid, 0, []
+        for p, title in self._procs():
             try:
                 key = (p.pid, p.create_time())
                 t = p.cpu_times()
                 if p.pid != me:
-                    rss += p.memory_info().rss
+                    mem = p.memory_info().rss
+                    rss += mem
+                    each.append((title, p.pid, round(mem / 2**20)))
             except psutil.Error:
                 continue
             s = t.user + t.system
             if first:
                 self._first[key] = s
             self._last[key] = s
-        self.peak_rss = max(self.peak_rss, rss)
+        if rss > self.peak_rss:  # which processes made the peak: (title, pid, MiB)
+            self.peak_rss, self.peak_procs = rss, sorted(each)
 
     def _loop(self):
         t0 = time.thread_time()
@@ -180,7 +186,8 @@ def metered_run(flow: Any, n: int, backend: str = "memory",
         job.wait(600)
     return {"start_s": start_s, "wall_s": m.wall_s, "cpu_s": m.cpu_s,
             "cores": m.cpu_s / m.wall_s, "events_s": n / m.wall_s, "per_core": n / m.cpu_s,
-            "peak_rss_mib": m.peak_rss / 2**20, "meter_cpu_s": m.own_s,
+            "peak_rss_mib": m.peak_rss / 2**20, "peak_procs": m.peak_procs,
+            "meter_cpu_s": m.own_s,
             # (the one at the end of the input, which no record follows, counted too)
             "checkpoints": sum(c.get("status") == "completed" for c in job.checkpoints())}, job
 

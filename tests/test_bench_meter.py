@@ -6,6 +6,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_nexmark.py"
 
 
@@ -48,14 +50,25 @@ def test_the_meter_finds_a_running_job_s_actors_and_leaves_idle_workers_out(ray_
     job = flow.run(background=True)
     try:
         meter = bench.CpuMeter()
-        titles = {" ".join(p.cmdline()) for p in meter._procs()[1:]}
+        procs = meter._procs()
+        titles = {" ".join(p.cmdline()) for p, _ in procs[1:]}
+        # each with its title as the peak's breakdown names it
+        assert {t for _, t in procs[1:]} <= {t.split()[0] for t in titles}
         assert any(t.startswith("ray::StepHost") for t in titles), titles
         assert any(t.startswith("ray::CoordinatorActor") for t in titles), titles
         everything = {" ".join(p.cmdline()) for p in meter._raylet.children(recursive=True)
                       if p.is_running()}
         assert not any(t.startswith("ray::IDLE") for t in titles)
         assert everything - titles  # the agents and idle workers: present, not counted
-        assert meter._procs()[0].pid == psutil.Process().pid
+        assert procs[0][0].pid == psutil.Process().pid and procs[0][1] == "driver"
+        # the peak's breakdown: the job's processes, by title, pid and MiB (not the driver)
+        meter._sample(first=True)
+        assert meter.peak_rss > 0
+        assert {t for t, _, _ in meter.peak_procs} >= {"ray::CoordinatorActor"}
+        assert all(pid != psutil.Process().pid and mib > 0
+                   for _, pid, mib in meter.peak_procs)
+        assert round(meter.peak_rss / 2**20) == pytest.approx(
+            sum(mib for _, _, mib in meter.peak_procs), abs=len(meter.peak_procs))
     finally:
         job.wait(120)
 
@@ -73,7 +86,7 @@ def test_the_meter_leaves_its_own_sampling_out(ray_session):
         spent = 0.0  # CPU the samples took, as this test counts it
 
         def _procs(self):
-            return [me]
+            return [(me, "driver")]
 
         def _sample(self, first=False):
             t0 = time.thread_time()
