@@ -565,9 +565,9 @@ def _w7_checkpoint_cost(doc: dict, ctx: _Ctx) -> list[str]:
                              [[q, eo["per_core"], alo["per_core"],
                                _x(_ratio(eo["per_core"], alo["per_core"]))]
                               for q, eo, _, alo in found])
-    return ["", f"What checkpoints cost, per core, on runs {cost.get('factor')}× as long as "
-            "the table's (checkpoints every "
-            f"{cost.get('interval_s', 1.0):g} s; a run of the table's length ends before its "
+    return ["", f"What checkpoints cost, per core, on runs of {cost.get('factor')}× the "
+            "events of the table's stateful runs (checkpoints every "
+            f"{cost.get('interval_s', 1.0):g} s; a stateful run of the table ends before its "
             "first periodic checkpoint): exactly-once with RocksDB ÷ at-least-once with the "
             "memory backend (the target is 0.9× or more), and exactly-once with the memory "
             "backend beside them. Checkpoints: the median number a run completed, the one at "
