@@ -466,9 +466,9 @@ def _w7(doc: dict, ctx: _Ctx) -> list[str]:
     rows = doc["rows"]
     lines = ["Nexmark queries behind a generator source (events made inside the job, as Flink's "
              "Nexmark source makes them), parallelism 1, exactly-once checkpoints every second, "
-             "into a discarding sink (a stateful query's run of 400 k events ends before its "
-             "first periodic checkpoint: what checkpoints cost is measured on longer runs, "
-             "below). Per core = events / CPU seconds of the driver and every "
+             "into a discarding sink (a stateful query's run here ends before its first "
+             "periodic checkpoint: what checkpoints cost is measured on longer runs, below). "
+             "Per core = events / CPU seconds of the driver and every "
              "worker process of the job. Same-run baseline: the same events and query in one "
              "plain Python process (the COST floor; its CPU includes freeing its events, as "
              "the job's includes freeing each batch). Published: Flink 1.13 per core (the "
