@@ -72,6 +72,12 @@ class KeyValueState(Generic[K, V]):
         partials merged."""
         raise NotImplementedError
 
+    def read_partials(self, ns: Any, merge: Callable[[Any, Any], Any]) -> list[tuple[K, V]]:
+        """Namespace ``ns``'s ``(key, value)`` pairs, as :meth:`take_partials` returns them,
+        leaving the namespace as it is. A value may be the state's own object: merge it into
+        a fresh accumulator (as ``merge``'s second argument), never change it."""
+        raise NotImplementedError
+
     def drop_partials(self, ns: Any, key: K) -> None:
         """Remove ``key``'s partials in namespace ``ns``."""
         raise NotImplementedError
@@ -615,21 +621,33 @@ class _RocksState(KeyValueState):
             self._wrote(ns, n)
 
     def take_partials(self, ns, merge):
-        prefix, loads = _ns_prefix(ns), pickle.loads
-        keys, values = self._scan(prefix, merge)
-        if keys:
+        pairs, stored = self._read_partials(ns, merge)
+        if stored:
+            prefix = _ns_prefix(ns)
             self.db.delete_range(prefix, _past(prefix))
         for gone in (self._written, self._folded, self._merges):
             gone.pop(ns, None)
         held = self._pcache.pop(ns, None)
+        if held:
+            self._pcount -= len(held)
+        return pairs
+
+    def read_partials(self, ns, merge):
+        return self._read_partials(ns, merge)[0]
+
+    def _read_partials(self, ns: Any, merge: Callable[[Any, Any], Any]) -> tuple[list, bool]:
+        """Namespace ``ns``'s pairs, and whether RocksDB holds any of its partials."""
+        loads = pickle.loads
+        keys, values = self._scan(_ns_prefix(ns), merge)
+        held = self._pcache.get(ns)
         if not held:
-            return list(zip(map(loads, keys), values))
+            return list(zip(map(loads, keys), values)), bool(keys)
         out = dict(zip(map(loads, keys), values))
-        self._pcount -= len(held)
         for k, v in held.items():  # written after everything in RocksDB
             cur = out.get(k, _ABSENT)
+            # (a merge may change its first argument: never one the cache holds)
             out[k] = v if cur is _ABSENT else merge(cur, v)
-        return list(out.items())
+        return list(out.items()), bool(keys)
 
     def drop_partials(self, ns, key):
         from rocksdict import WriteBatch

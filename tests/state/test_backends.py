@@ -307,9 +307,10 @@ def test_rocksdb_partials_merge_in_order_through_snapshots_and_rescales(tmp_path
     """Partials added to namespaces (keys that are each other's prefix as text, tuples,
     numbers; a cache that holds none, some or all of them) come back from ``take_partials``
     as one value per key, merged in the order they were added (list concatenation, which
-    order changes), as a plain dict of lists says; ``drop_partials`` removes one key's; a
-    snapshot restores them, and ``items``/``put`` carry them to another state (a rescale).
-    A namespace taken is gone, from RocksDB too."""
+    order changes), as a plain dict of lists says; ``read_partials`` returns the same and
+    leaves them; ``drop_partials`` removes one key's; a snapshot restores them, and
+    ``items``/``put`` carry them to another state (a rescale). A namespace taken is gone,
+    from RocksDB too."""
     pytest.importorskip("rocksdict")
     import operator
     import pickle
@@ -343,6 +344,13 @@ def test_rocksdb_partials_merge_in_order_through_snapshots_and_rescales(tmp_path
                 pairs[k] = [n]
                 model[(ns, k)] = model.get((ns, k), []) + [n]
             s.add_partials(ns, pairs, operator.add)
+        elif op < 0.76:
+            ns = rng.choice(spaces)
+            got = s.read_partials(ns, operator.add)
+            assert len(got) == len({k for k, _ in got})
+            assert dict(got) == {k: v for (space, k), v in model.items() if space == ns}
+            # (its values may be the state's own: a caller merges them into fresh ones)
+            assert s.read_partials(ns, operator.add) == got
         elif op < 0.8:
             check_take(s, rng.choice(spaces))
         elif op < 0.87:

@@ -673,9 +673,11 @@ class _SlicedLogic(_TimeLogic):
     and a window's value is merged from its slices when it fires. A record then costs one
     state update, not one per window. A slice is state ``("__w", key, (s, s + length_s))``
     (named by its last window, the one starting at ``s``), is late once that window has
-    fired, and is deleted then. The results equal those of one accumulator per window."""
+    fired, and is deleted then. The results equal those of one accumulator per window.
 
-    uses_partials = False  # (a slice is read by several firings)
+    On a state that keeps partials (RocksDB), a slice is a namespace of partials, as a
+    tumbling window is: a batch adds to it unread, a firing reads it whole, and the firing
+    of its last window takes it."""
 
     def __init__(self, spec, ctx, resume_state):
         super().__init__(spec, ctx, resume_state)
@@ -712,12 +714,23 @@ class _SlicedLogic(_TimeLogic):
         kept = {label: slices[label] for label in needed}  # (draining removes them)
         read: dict[tuple, tuple[list, list]] = {}
         for label, entries in self.fired.drain(watermark):
+            if self._partials:
+                pairs = state.take_partials(label, self.merge)
+                if self._open is not None:
+                    self._close_open([key for key, _ in pairs], label)
+                if label in needed:
+                    read[label] = ([key for key, _ in pairs], [acc for _, acc in pairs])
+                continue
             skeys = self._state_keys(label, entries)
             popped = state.pop_many(skeys)
             if label in needed:
                 read[label] = ([skey[1] for skey in skeys], popped)
         for label, entries in kept.items():
             if label not in read:
+                if self._partials:
+                    pairs = state.read_partials(label, self.merge)
+                    read[label] = ([key for key, _ in pairs], [acc for _, acc in pairs])
+                    continue
                 skeys = self._state_keys(label, entries)
                 read[label] = ([skey[1] for skey in skeys], state.get_many(skeys))
         out: list = []
