@@ -542,6 +542,38 @@ def test_sliding_windows_keep_their_slices_as_partials_on_rocksdb(tmp_path, cach
     logic.close()
 
 
+@pytest.mark.parametrize("windower", [TumblingWindow(6.0), SlidingWindow(6.0, 2.0)])
+def test_windows_restored_from_one_entry_per_key_fire_them_as_partials(tmp_path, windower):
+    """A RocksDB snapshot whose windows are one entry per key and window (as a window step
+    that keeps no partials writes them): restored into a step that keeps partials, every
+    such window still fires its keys' values, merged with what comes after the restore,
+    and no entry of the old kind is left."""
+    pytest.importorskip("rocksdict")
+    from rayflow.state import RocksDBBackend
+
+    backend = RocksDBBackend(str(tmp_path), cache_entries=0)
+    old = backend.open("win", 0, "test")
+    # slices (sliding) or windows (tumbling) named as the step names them
+    first = windower.windows_of(1.0)[-1]
+    old.put(("__w", "a", first), 3)
+    old.put(("__w", "b", first), 5)
+    handle = old.snapshot(1)
+    old.close()
+    ctx = StepContext("win", 0, 1, "test", backend)
+    logic = Windowed(windower, Count(), key_fn=lambda r: r[0],
+                     clock=EventTime(timestamp=lambda r: r[1])).build(ctx, handle)
+    assert [k for k, _ in logic.state.items() if k[0] == "__w"] == []
+    logic.process([("a", 1.0), ("c", 1.5)], None)
+    got = sorted((r.key, r.start, r.end, r.value) for r in logic.on_end().items)
+    want: dict = {("a", *w): 3 for w in windower.windows_of(first[0])}
+    want.update({("b", *w): 5 for w in windower.windows_of(first[0])})
+    for key, t in (("a", 1.0), ("c", 1.5)):
+        for w in windower.windows_of(t):
+            want[(key, *w)] = want.get((key, *w), 0) + 1
+    assert got == sorted((*k, v) for k, v in want.items())
+    logic.close()
+
+
 @pytest.mark.parametrize("queue", ["WindowQueue"])
 def test_the_window_queues_fire_in_time_then_key_order_and_keep_what_a_caller_left(queue):
     import random

@@ -293,8 +293,12 @@ class _TimeLogic(_StatefulLogic):
         self._merge = agg.merge
         # with ttl_s: each key's open windows, so an expired key's windows can be deleted
         self._open: dict | None = {} if self.ttl_s is not None else None
-        for k, _ in self.state.items():
+        points: list = []  # window entries to keep as partials (see below)
+        for k, v in self.state.items():
             if isinstance(k, tuple) and len(k) == 3 and k[0] == "__w":
+                if self._partials:
+                    points.append((k, v))
+                    continue
                 self.fired.add(k if self._skeys else k[1], k[2])
                 if self._open is not None:
                     self._open.setdefault(k[1], set()).add(k[2])
@@ -302,6 +306,14 @@ class _TimeLogic(_StatefulLogic):
                 self._queue_window(k[1])
                 if self._open is not None:
                     self._open.setdefault(k[2], set()).add(k[1])
+        # a window kept as one entry per key (by a version that kept this step's windows
+        # so) becomes partials, which the firing reads: its state is not left unread
+        for (_, key, window), acc in points:
+            self.state.add_partials(window, {key: acc}, self._merge)
+            self.state.delete(("__w", key, window))
+            self._queue_window(window)
+            if self._open is not None:
+                self._open.setdefault(key, set()).add(window)
 
     def _queue_window(self, window: tuple) -> None:
         """With partials: ``window`` is open (for some key); queued once, keys apart."""
