@@ -308,12 +308,15 @@ class _TimeLogic(_StatefulLogic):
                     self._open.setdefault(k[2], set()).add(k[1])
         # a window kept as one entry per key (by a version that kept this step's windows
         # so) becomes partials, which the firing reads: its state is not left unread
+        by_window: dict = {}
         for (_, key, window), acc in points:
-            self.state.add_partials(window, {key: acc}, self._merge)
+            by_window.setdefault(window, {})[key] = acc
             self.state.delete(("__w", key, window))
-            self._queue_window(window)
             if self._open is not None:
                 self._open.setdefault(key, set()).add(window)
+        for window, accs in by_window.items():  # (one write per window)
+            self.state.add_partials(window, accs, self._merge)
+            self._queue_window(window)
 
     def _queue_window(self, window: tuple) -> None:
         """With partials: ``window`` is open (for some key); queued once, keys apart."""
