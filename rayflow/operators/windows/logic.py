@@ -727,27 +727,27 @@ class _SlicedLogic(_TimeLogic):
         state = self.state
         needed = {label for labels in due.values() for label in labels}
         kept = {label: slices[label] for label in needed}  # (draining removes them)
-        read: dict[tuple, tuple[list, list]] = {}
+        read: dict[tuple, list] = {}  # slice -> its (key, accumulator) pairs, read once
         for label, entries in self.fired.drain(watermark):
             if self._partials:
                 pairs = state.take_partials(label, self.merge)
                 if self._open is not None:
                     self._close_open([key for key, _ in pairs], label)
                 if label in needed:
-                    read[label] = ([key for key, _ in pairs], [acc for _, acc in pairs])
+                    read[label] = pairs
                 continue
             skeys = self._state_keys(label, entries)
             popped = state.pop_many(skeys)
             if label in needed:
-                read[label] = ([skey[1] for skey in skeys], popped)
+                read[label] = list(zip([skey[1] for skey in skeys], popped))
         for label, entries in kept.items():
             if label not in read:
                 if self._partials:
-                    pairs = state.read_partials(label, self.merge)
-                    read[label] = ([key for key, _ in pairs], [acc for _, acc in pairs])
-                    continue
-                skeys = self._state_keys(label, entries)
-                read[label] = ([skey[1] for skey in skeys], state.get_many(skeys))
+                    read[label] = state.read_partials(label, self.merge)
+                else:
+                    skeys = self._state_keys(label, entries)
+                    read[label] = list(zip([skey[1] for skey in skeys],
+                                           state.get_many(skeys)))
         out: list = []
         if due:
             merge, create, result = self.merge, self.create, self.result
@@ -755,7 +755,7 @@ class _SlicedLogic(_TimeLogic):
             for window in sorted(due, key=lambda w: (w[1], w[0])):
                 accs: dict = {}
                 for label in sorted(due[window]):
-                    for key, acc in zip(*read[label]):
+                    for key, acc in read[label]:
                         if acc is not None:
                             # into a fresh accumulator: a merge may change its first argument
                             accs[key] = merge(accs[key] if key in accs else create(), acc)
