@@ -143,18 +143,46 @@ class _GeneratorReader(SourceReader):
 
 @dataclass(frozen=True)
 class CollectSink(SinkSpec):
-    """Keeps every record in the sink instance; ``job.collect(step_id)`` fetches them."""
+    """Keeps every record in the sink instance; ``job.collect(step_id)`` fetches them.
+
+    The records are part of the sink's checkpointed state: a job that recovers from a
+    failure (a killed actor) restores what each instance had collected at the checkpoint
+    it restarts from, and the replay adds the rest, so the guarantee of the job holds for
+    what ``collect`` returns (exactly-once: every record once). Each snapshot holds every
+    record collected so far: this sink is for results that fit in memory (tests, examples,
+    small jobs). A new job resumed from a savepoint (a rescale too) collects afresh: each
+    job's ``collect`` returns what that job received."""
 
     def build(self, ctx: StepContext, resume_state: Any = None) -> SinkWriter:
-        return _CollectWriter()
+        return _CollectWriter(ctx.run_id, ctx.instance, resume_state)
+
+
+@dataclass(frozen=True)
+class _Collected:
+    """A :class:`CollectSink` instance's snapshot: the run that collected ``records``."""
+
+    run: str
+    records: Items
 
 
 class _CollectWriter(SinkWriter):
-    def __init__(self):
+    def __init__(self, run: str = "", instance: int = 0, resume_state: Any = None):
+        self.run = run
         self.parts: list = []
+        # a recovery of this run restores what was collected; another job's snapshot (a
+        # resume from a savepoint) is that job's output, not this one's
+        restored = (list(resume_state.handles) if isinstance(resume_state, Rescaled)
+                    and instance == 0 else [resume_state])
+        self.parts = [c.records for c in restored
+                      if isinstance(c, _Collected) and c.run == run and num_rows(c.records)]
 
     def write(self, items, event_times, in_time):
         self.parts.append(items)
+
+    def snapshot(self, checkpoint_id: int) -> _Collected:
+        if len(self.parts) > 1:
+            self.parts = [concat(self.parts)]
+        return _Collected(self.run, self.parts[0] if self.parts else [])
 
     def result(self) -> Items:
         return concat(self.parts)

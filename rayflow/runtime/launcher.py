@@ -71,9 +71,9 @@ class Launcher:
     def _spawn(self, latest: Any, first_id: int, positions: dict, fresh_state: bool = False,
                recovering: bool = False, only: frozenset | None = None) -> None:
         """Build, wire and start every instance (``only`` those of one failover region; the
-        others run on). ``fresh_state``: operators and sinks start empty (at-most-once
+        others run on). ``fresh_state``: operators start empty (at-most-once
         recovery: the sources resume past what already left, so old state would emit
-        records a second time). While ``recovering``, a failure is raised as it is, for the
+        records a second time); sinks keep what they delivered. While ``recovering``, a failure is raised as it is, for the
         supervisor to try again."""
         import ray
 
@@ -123,7 +123,9 @@ class Launcher:
                                   n_old)
             if step.kind == "source" and key in positions:
                 resume = positions[key]  # at-most-once: never replay what already left
-            elif fresh_state and step.kind != "source":
+            elif fresh_state and step.kind == "operator":
+                # (a sink keeps its state: what it delivered, such as a collecting sink's
+                # records, which nothing emits again)
                 resume = None
             built[key] = (step, ctx, resume)
         members = {h: ks for h, ks in self._members().items() if only is None or h in only}
