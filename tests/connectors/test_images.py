@@ -270,6 +270,37 @@ def test_directory_sink_keeps_relative_paths_and_never_overwrites(tmp_path):
     assert sink.output_name("imgs/0@17") == Path("imgs/0@17.tif")
 
 
+def test_images_without_keys_get_names_of_their_instance_and_keep_them_after_a_restore(
+        tmp_path):
+    """An image with no key is named by its sink instance and its number there, so two
+    instances writing to one directory never collide; a recovery of the same run counts on
+    from the snapshot, so a replayed image gets the name (and bytes) it had, and another
+    run's snapshot (a new job) counts afresh."""
+    imgs = [synthetic_image(i, 12, 9) for i in range(6)]
+    out = tmp_path / "out"
+    writers = [DirectorySink(str(out)).build(StepContext("s", i, 2, run_id="r1"))
+               for i in range(2)]
+    assert writers[0].write(imgs[:3], None, 0.0) == []
+    snap = writers[1].snapshot(1)  # before any image of instance 1
+    assert writers[1].write(imgs[3:5], None, 0.0) == []
+    assert sorted(p.name for p in out.iterdir()) == [
+        "image-0-00000000.png", "image-0-00000001.png", "image-0-00000002.png",
+        "image-1-00000000.png", "image-1-00000001.png"]
+    for name, img in [("image-0-00000002.png", imgs[2]), ("image-1-00000001.png", imgs[4])]:
+        assert np.array_equal(cv2.imread(str(out / name), -1), img)
+    mid = writers[0].snapshot(2)
+    assert writers[0].write(imgs[5:], None, 0.0) == []  # image-0-00000003, then a failure
+    restored = DirectorySink(str(out)).build(StepContext("s", 0, 2, run_id="r1"), mid)
+    assert restored.write(imgs[5:], None, 0.0) == []  # the replay: same name, same bytes
+    assert restored.result()[0]["images"] == 4
+    assert len(list(out.iterdir())) == 6
+    # a new job (another run) resumed from that snapshot counts afresh
+    fresh = DirectorySink(str(out)).build(StepContext("s", 1, 2, run_id="r2"), snap)
+    assert fresh.result()[0]["images"] == 0
+    assert DirectorySink(str(out)).build(
+        StepContext("s", 1, 2, run_id="r1"), snap).result()[0]["images"] == 0
+
+
 def _exif_jpeg(img_rgb: np.ndarray, orientation: int) -> bytes:
     from PIL import Image
 

@@ -16,6 +16,7 @@ import pytest
 
 import rayflow as rf
 from rayflow.connectors.images import (
+    DirectorySink,
     NpyTileSink,
     NpyTileSource,
     SyntheticImageSource,
@@ -222,3 +223,18 @@ def test_16k_tiled_blur_is_exact_in_flat_memory(ray_session, tmp_path):
     image, out = np.load(src), np.load(dst, mmap_mode="r")
     want = cv2.GaussianBlur(image, (5, 5), 3, sigmaY=3)
     assert np.array_equal(out, want)
+
+
+def test_images_without_keys_from_two_sink_instances_are_all_written(ray_session, tmp_path):
+    """Two instances of a directory sink name images that have no key by instance and
+    number: every image is written once, none is a dead letter (before, both instances
+    named their first image ``image-00000000.png`` and the second failed the job)."""
+    imgs = [np.full((8, 8), i, np.uint8) for i in range(20)]
+    flow = rf.Dataflow("unkeyed-images")
+    (flow.source("in", rf.MemorySource(imgs), parallelism=2)
+         .sink("out", DirectorySink(str(tmp_path)), parallelism=2))
+    job = rf.run(flow)
+    assert job.dead_letters() == []
+    written = sorted(int(cv2.imread(str(p), -1)[0, 0]) for p in tmp_path.iterdir())
+    assert written == list(range(20))
+    assert sum(r["images"] for r in job.collect("out")) == 20

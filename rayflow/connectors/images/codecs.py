@@ -297,20 +297,37 @@ class _DecodeLogic(CvLogic):
 
 # -- encoding for the sinks -----------------------------------------------------------------
 
-def _key_image(rec: Any, n: int) -> tuple[Any, np.ndarray]:
+def _key_image(rec: Any, n: int, instance: int = 0) -> tuple[Any, np.ndarray]:
+    """``(key, image)`` of a record; an image without a key is named by the sink instance
+    and its number there (``image-<instance>-<n>``, as Flink names part files), so that two
+    instances never give two images one name."""
     if isinstance(rec, Tile):
         return rec.key, rec.data
     if isinstance(rec, tuple) and len(rec) >= 2:
         return rec[0], rec[1]
-    return f"image-{n:08d}", rec
+    return f"image-{instance}-{n:08d}", rec
+
+
+@dataclass(frozen=True)
+class _Delivered:
+    """An image sink instance's snapshot: the run, and how many images (and bytes) it had
+    delivered; a recovery of that run counts on from there, so a replayed image without a
+    key gets the name it had."""
+
+    run: str
+    images: int
+    bytes: int
 
 
 class _EncodingWriter(SinkWriter):
     """Encodes each image; subclasses decide what happens to the bytes."""
 
-    def __init__(self, ctx: StepContext, ext: str, params: tuple, threads: int | None):
+    def __init__(self, ctx: StepContext, ext: str, params: tuple, threads: int | None,
+                 resume_state: Any = None):
         self.ctx, self.ext, self.params = ctx, ext, tuple(params)
         self.images = self.bytes = 0
+        if isinstance(resume_state, _Delivered) and resume_state.run == ctx.run_id:
+            self.images, self.bytes = resume_state.images, resume_state.bytes
         if threads is not None:
             import cv2
 
@@ -319,7 +336,7 @@ class _EncodingWriter(SinkWriter):
     def write(self, items, event_times, in_time):
         dead = []
         for rec in items:
-            key, img = _key_image(rec, self.images)
+            key, img = _key_image(rec, self.images, self.ctx.instance)
             try:
                 data = encode_image(img, self.ext, self.params)
                 self.deliver(key, data)
@@ -333,6 +350,10 @@ class _EncodingWriter(SinkWriter):
 
     def deliver(self, key: Any, data: bytes) -> None:
         raise NotImplementedError
+
+    def snapshot(self, checkpoint_id: int) -> _Delivered:
+        self.flush()
+        return _Delivered(self.ctx.run_id, self.images, self.bytes)
 
     def result(self) -> list[dict]:
         return [{"instance": self.ctx.instance, "images": self.images, "bytes": self.bytes}]

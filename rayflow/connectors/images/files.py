@@ -381,7 +381,7 @@ class PngDiscardSink(SinkSpec):
     ext: str = ".png"
 
     def build(self, ctx: StepContext, resume_state: Any = None) -> SinkWriter:
-        return _DiscardEncodedWriter(ctx, self.ext, self.params, self.threads)
+        return _DiscardEncodedWriter(ctx, self.ext, self.params, self.threads, resume_state)
 
 
 class _DiscardEncodedWriter(_EncodingWriter):
@@ -396,7 +396,9 @@ class DirectorySink(SinkSpec):
     ``relative_to="/in"`` is written to ``path/a/shot.png``.
 
     Without ``relative_to``, a relative key (``a/shot.jpg``) keeps its folders and an absolute
-    one keeps its file name only. Never an overwrite: an output name already written with
+    one keeps its file name only. An image without a key (a bare array) is named by the sink
+    instance and its number there, ``image-<instance>-<n>``: after a recovery the count
+    goes on from the checkpoint, so a replayed image gets its name again. Never an overwrite: an output name already written with
     other bytes (``photo.png`` and ``photo.jpg`` both become ``photo.png``; or a file left by
     an earlier run) makes the second image a dead letter naming both; the same bytes again
     (a record replayed after a restore) are not. A key that leaves ``path`` (``..``), or
@@ -421,13 +423,15 @@ class DirectorySink(SinkSpec):
 
     def build(self, ctx: StepContext, resume_state: Any = None) -> SinkWriter:
         Path(self.path).mkdir(parents=True, exist_ok=True)
-        return _DirectoryWriter(ctx, self)
+        return _DirectoryWriter(ctx, self, resume_state)
 
-    def output_name(self, key: Any, n: int = 0) -> Path:
+    def output_name(self, key: Any, n: int = 0, instance: int = 0) -> Path:
         """The path (relative to ``path``) that the image keyed ``key`` is written to;
-        ``ValueError`` if the key has no place under ``path``."""
+        ``ValueError`` if the key has no place under ``path``. A key that is not a string
+        names no file: the image is the ``n``-th of sink instance ``instance``
+        (``image-<instance>-<n>``)."""
         if not isinstance(key, str) or not key:
-            return Path(f"image-{n:08d}{self.ext}")
+            return Path(f"image-{instance}-{n:08d}{self.ext}")
         p = Path(key)
         if self.relative_to is not None and p.is_absolute():
             try:
@@ -443,13 +447,13 @@ class DirectorySink(SinkSpec):
 
 
 class _DirectoryWriter(_EncodingWriter):
-    def __init__(self, ctx: StepContext, spec: DirectorySink):
-        super().__init__(ctx, spec.ext, spec.params, spec.threads)
+    def __init__(self, ctx: StepContext, spec: DirectorySink, resume_state: Any = None):
+        super().__init__(ctx, spec.ext, spec.params, spec.threads, resume_state)
         self.spec, self.dir = spec, Path(spec.path)
         self.written: dict[Path, Any] = {}  # output name -> the key written there
 
     def deliver(self, key, data):
-        rel = self.spec.output_name(key, self.images)
+        rel = self.spec.output_name(key, self.images, self.ctx.instance)
         other = self.written.get(rel)
         if other is not None and other != key:
             raise FileExistsError(f"{str(rel)!r} was already written by {other!r}; {key!r} "

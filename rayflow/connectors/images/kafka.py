@@ -88,12 +88,12 @@ class KafkaImageSink(SinkSpec):
         inner = KafkaSink(self.topic, bootstrap=self.bootstrap, key=chunk_message_key,
                           max_message_bytes=self.chunk_bytes, client=self.client,
                           options=self.options).build(ctx)
-        return _KafkaImageWriter(ctx, self, inner)
+        return _KafkaImageWriter(ctx, self, inner, resume_state)
 
 
 class _KafkaImageWriter(_EncodingWriter):
-    def __init__(self, ctx, spec: KafkaImageSink, inner: SinkWriter):
-        super().__init__(ctx, spec.ext, spec.params, spec.threads)
+    def __init__(self, ctx, spec: KafkaImageSink, inner: SinkWriter, resume_state: Any = None):
+        super().__init__(ctx, spec.ext, spec.params, spec.threads, resume_state)
         self.spec, self.inner = spec, inner
         self.pending: list[Any] = []
 
