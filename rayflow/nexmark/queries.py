@@ -411,8 +411,8 @@ class _OncePerWindow(KeyedProcessFunction):
         ctx.state.clear()
 
 
-def _value_of(keyed) -> Any:
-    return keyed[1]
+#: a keyed output ``(key, value)`` -> its value
+_value_of = itemgetter(1)
 
 
 def _q8_build(events, columnar, config):
@@ -679,23 +679,25 @@ def _auction_key(e: dict) -> int:
 
 
 def _q20_step(state, events):
-    """Per auction id: ``(auction or None, bids that came before it)``, over the auction's
-    events of a batch in turn. As Flink's regular join without a state TTL, an auction stays
-    in the state for later bids; the bids of an auction of another category are dropped as
-    they come. Emits the joined rows."""
+    """Per auction id: ``(auction, bids that came before it)``, over the auction's events of
+    a batch in turn. ``auction`` is None until the auction comes, then its fields of the
+    output row, or False for an auction of another category (its bids are dropped as they
+    come); the early bids wait as their fields of the row. As Flink's regular join without
+    a state TTL, an auction stays in the state for later bids. Emits the joined rows."""
     auction, early = state or (None, ())
     out = []
     for e in events:
         if e["kind"] == "auction":
             if e["category"] != Q20_CATEGORY:
-                auction, early = {"category": e["category"]}, ()
+                auction, early = False, ()
             else:
-                out += [_q20_row(b, e) for b in early]
-                auction, early = e, ()
+                auction = _q20_auction_fields(e)
+                out += [b + auction for b in early]
+                early = ()
         elif auction is None:
-            early += (e,)
-        elif auction["category"] == Q20_CATEGORY:
-            out.append(_q20_row(e, auction))
+            early += (_q20_bid_fields(e),)
+        elif auction:
+            out.append(_q20_bid_fields(e) + auction)
     return (auction, early), out
 
 
@@ -734,22 +736,26 @@ def _q3_row(person: dict, auction: dict) -> tuple:
     return (person["name"], person["city"], person["state"], auction["id"])
 
 
+_q3_person_fields = itemgetter("name", "city", "state")
+
+
 def _q3_step(state, e):
-    """Per person id: ``(person or None, auctions that came before them)``. Like q20, a
-    regular join: each side waits in the state for the other; people of other states and
-    auctions of other categories are dropped as they come."""
+    """Per person id: ``(person, ids of auctions that came before them)``, where ``person``
+    is None until the person comes, then their fields of the output row, or False for a
+    person of another state. Like q20, a regular join: each side waits in the state for the
+    other; people of other states and auctions of other categories are dropped as they
+    come."""
     person, early = state or (None, ())
     if e["kind"] == "person":
         if e["state"] not in Q3_STATES:
-            return ({"state": e["state"]}, ()), []
-        return (e, ()), [_q3_row(e, a) for a in early]
-    if e["category"] != Q3_CATEGORY:
+            return (False, ()), []
+        person = _q3_person_fields(e)
+        return (person, ()), [(*person, a) for a in early]
+    if e["category"] != Q3_CATEGORY or person is False:
         return state, []
     if person is None:
-        return (None, early + (e,)), []
-    if person["state"] not in Q3_STATES:
-        return state, []
-    return state, [_q3_row(person, e)]
+        return (None, early + (e["id"],)), []
+    return state, [(*person, e["id"])]
 
 
 def _q3_build(events, columnar, config):
