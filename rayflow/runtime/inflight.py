@@ -67,9 +67,38 @@ class UnalignedHandle:
                                               for _, b in msgs)
 
 
+@dataclass(frozen=True)
+class DeadLetterHandle:
+    """A task's state in a checkpoint, with the dead letters the task had made by then
+    (those after a failure came from a replay): ``count`` in all and the ``kept`` ones, of
+    run ``run``. A recovery of that run restores them, so a job's dead letters and their
+    count hold each once (under exactly-once) whatever failed; another job resumed from the
+    checkpoint starts with none. Only a task with dead letters wraps its state so."""
+
+    state: Any
+    run: str
+    count: int
+    kept: tuple = ()
+
+    @property
+    def checkpoint_bytes(self) -> int:
+        from rayflow.metrics import handle_bytes
+
+        return handle_bytes(self.state)
+
+
 def state_of(handle: Any) -> Any:
     """The state a task restores from, whatever kind of checkpoint holds it."""
-    return handle.state if isinstance(handle, UnalignedHandle) else handle
+    if isinstance(handle, UnalignedHandle):
+        handle = handle.state
+    return handle.state if isinstance(handle, DeadLetterHandle) else handle
+
+
+def dead_letters_of(handle: Any) -> DeadLetterHandle | None:
+    """The dead letters a task's checkpoint handle holds (None: it had made none)."""
+    if isinstance(handle, UnalignedHandle):
+        handle = handle.state
+    return handle if isinstance(handle, DeadLetterHandle) else None
 
 
 def replay(handles: dict[Task, Any], finished: frozenset,

@@ -10,6 +10,7 @@ to replay) and the sources' split enumerators. It makes no decision about failur
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 import uuid
@@ -79,7 +80,7 @@ class Launcher:
 
         from rayflow.runtime.coordinator import SplitClient
         from rayflow.runtime.host import StepHost
-        from rayflow.runtime.inflight import replay, state_of
+        from rayflow.runtime.inflight import dead_letters_of, replay, state_of
 
         # channels: some step runs in an actor of its own, fed by others (not all chained)
         channels = any(self.chains[s.step_id] == s.step_id and s.kind != "source"
@@ -127,6 +128,11 @@ class Launcher:
                 # (a sink keeps its state: what it delivered, such as a collecting sink's
                 # records, which nothing emits again)
                 resume = None
+            dead = dead_letters_of(checkpointed.get(key))
+            if dead is not None and not isinstance(resume, Rescaled):
+                # the dead letters made up to the checkpoint (a recovery of this run keeps
+                # them, even where the state starts empty)
+                resume = dataclasses.replace(dead, state=resume)
             built[key] = (step, ctx, resume)
         members = {h: ks for h, ks in self._members().items() if only is None or h in only}
         for n, (head, keys) in enumerate(members.items()):

@@ -20,6 +20,7 @@ from rayflow.config import StreamOptions
 from rayflow.core.connectors import SinkSpec
 from rayflow.core.operators import StepContext
 from rayflow.dataflow import Step
+from rayflow.runtime.inflight import DeadLetterHandle
 from rayflow.runtime.tasks.base import StepTask
 from rayflow.runtime.tasks.operator import OperatorTask
 from rayflow.runtime.tasks.sink import SinkTask
@@ -32,7 +33,16 @@ def make_task(step: Step, ctx: StepContext, options: StreamOptions,
               dead_letter_sink: SinkSpec | None = None, resume_state: Any = None,
               coordinator: Any = None, tick_s: float = 0.2, unaligned: bool = False,
               replay: list | None = None) -> StepTask:
-    """The task of one instance of ``step``: a source, an operator or a sink."""
+    """The task of one instance of ``step``: a source, an operator or a sink.
+    ``resume_state`` may carry the dead letters of the checkpoint (a
+    :class:`~rayflow.runtime.inflight.DeadLetterHandle`), restored in a recovery of the same
+    run."""
     cls = {"source": SourceTask, "sink": SinkTask}.get(step.kind, OperatorTask)
-    return cls(step, ctx, options, dead_letter_sink, resume_state, coordinator, tick_s,
+    dead = resume_state if isinstance(resume_state, DeadLetterHandle) else None
+    if dead is not None:
+        resume_state = dead.state
+    task = cls(step, ctx, options, dead_letter_sink, resume_state, coordinator, tick_s,
                unaligned, replay)
+    if dead is not None and dead.run == ctx.run_id:
+        task.restore_dead_letters(dead)
+    return task

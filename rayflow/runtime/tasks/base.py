@@ -23,7 +23,7 @@ from rayflow.metrics import LatencyRecorder, StepCounters, StepExporter, handle_
 from rayflow.operators.watermarks import InputWatermarks
 from rayflow.runtime.alignment import Aligned, BarrierAligner
 from rayflow.runtime.channel import Emitter, unwrap
-from rayflow.runtime.inflight import UnalignedHandle
+from rayflow.runtime.inflight import DeadLetterHandle, UnalignedHandle
 from rayflow.runtime.plan import OutEdge
 
 MAX_KEPT_DEAD_LETTERS = 10_000
@@ -206,7 +206,7 @@ class StepTask:
     def _snapshot(self, barrier: Barrier) -> None:
         cid = barrier.checkpoint_id
         t0 = time.perf_counter()
-        handle = self._state(cid)
+        handle = self._with_dead_letters(self._state(cid))
         took = time.perf_counter() - t0
         # passing the barrier on snapshots the steps chained after this one, in this call:
         # their time is theirs (as busy time leaves out chained work), not this step's
@@ -258,9 +258,26 @@ class StepTask:
             self._acks.append(self.coordinator.ack.remote(checkpoint_id, self._key(), handle,
                                                           self.ctx.attempt_number))
 
+    def _with_dead_letters(self, handle: Any) -> Any:
+        """What a checkpoint holds of this task: its state ``handle``, with the dead letters
+        it has made if any (written out to the dead-letter sink first, so that a checkpoint
+        never stands for dead letters a failure could still lose)."""
+        if not self.counters.dead_letters:
+            return handle
+        if self._dead_writer is not None:
+            self._dead_writer.flush()
+        return DeadLetterHandle(handle, self.ctx.run_id, self.counters.dead_letters,
+                                tuple(self.kept_dead))
+
+    def restore_dead_letters(self, restored: DeadLetterHandle) -> None:
+        """A recovery of this run: the dead letters made up to the checkpoint."""
+        self.counters.dead_letters = restored.count
+        self.kept_dead = list(restored.kept)
+
     def _task_finished(self, handle: Any) -> None:
         """Tell the coordinator this task ended, with its final state: the checkpoints that
         follow (and the final one) carry it in place of an ack."""
+        handle = self._with_dead_letters(handle)
         # The coordinator runs calls on several threads, so an ack sent just before this
         # could be handled after it: the acks must have landed first.
         ray.get(self._acks)

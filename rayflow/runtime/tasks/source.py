@@ -96,7 +96,8 @@ class SourceTask(StepTask):
                     pos = self._position()
                     self._checkpointed(barrier.checkpoint_id, pos, time.perf_counter() - t1)
                     held = emitter.emit_barrier(barrier)
-                    self._ack(barrier.checkpoint_id, self._with_channels(barrier, pos, held))
+                    self._ack(barrier.checkpoint_id, self._with_channels(
+                        barrier, self._with_dead_letters(pos), held))
                     if barrier.stop_after:
                         self._drain = False
                         break
