@@ -13,7 +13,14 @@ from typing import Any
 
 import numpy as np
 
-from rayflow.core.connectors import SinkSpec, SinkWriter, SourceReader, SourceSpec
+from rayflow.core.connectors import (
+    RunState,
+    SinkSpec,
+    SinkWriter,
+    SourceReader,
+    SourceSpec,
+    restored_by_run,
+)
 from rayflow.core.operators import Rescaled, StepContext
 from rayflow.core.records import Items, concat, num_rows
 from rayflow.errors import ConfigError
@@ -154,35 +161,23 @@ class CollectSink(SinkSpec):
     job's ``collect`` returns what that job received."""
 
     def build(self, ctx: StepContext, resume_state: Any = None) -> SinkWriter:
-        return _CollectWriter(ctx.run_id, ctx.instance, resume_state)
-
-
-@dataclass(frozen=True)
-class _Collected:
-    """A :class:`CollectSink` instance's snapshot: the run that collected ``records``."""
-
-    run: str
-    records: Items
+        return _CollectWriter(ctx, resume_state)
 
 
 class _CollectWriter(SinkWriter):
-    def __init__(self, run: str = "", instance: int = 0, resume_state: Any = None):
-        self.run = run
-        self.parts: list = []
+    def __init__(self, ctx: StepContext, resume_state: Any = None):
+        self.run = ctx.run_id
         # a recovery of this run restores what was collected; another job's snapshot (a
         # resume from a savepoint) is that job's output, not this one's
-        restored = (list(resume_state.handles) if isinstance(resume_state, Rescaled)
-                    and instance == 0 else [resume_state])
-        self.parts = [c.records for c in restored
-                      if isinstance(c, _Collected) and c.run == run and num_rows(c.records)]
+        self.parts: list = [r for r in restored_by_run(resume_state, ctx) if num_rows(r)]
 
     def write(self, items, event_times, in_time):
         self.parts.append(items)
 
-    def snapshot(self, checkpoint_id: int) -> _Collected:
+    def snapshot(self, checkpoint_id: int) -> RunState:
         if len(self.parts) > 1:
             self.parts = [concat(self.parts)]
-        return _Collected(self.run, self.parts[0] if self.parts else [])
+        return RunState(self.run, self.parts[0] if self.parts else [])
 
     def result(self) -> Items:
         return concat(self.parts)

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from concurrent.futures import Future
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from rayflow.core.operators import DeadLetter, StepContext
+from rayflow.core.operators import DeadLetter, Rescaled, StepContext
 from rayflow.core.records import Items
 
 
@@ -126,6 +127,27 @@ class SinkWriter:
 
     def close(self) -> None:
         """Release clients and files."""
+
+
+@dataclass(frozen=True)
+class RunState:
+    """A sink's checkpointed state that only a recovery of the run that saved it restores:
+    what that run delivered (a collecting sink's records, an image sink's counts). A new
+    job resumed from the checkpoint (a savepoint, a rescale) starts afresh."""
+
+    run: str
+    value: Any
+
+
+def restored_by_run(resume_state: Any, ctx: StepContext) -> list:
+    """The values of :class:`RunState` snapshots that instance ``ctx`` restores: its own in a
+    recovery of the run that saved it; across a change of parallelism, instance 0 takes
+    every old instance's."""
+    if isinstance(resume_state, Rescaled):
+        handles = list(resume_state.handles) if ctx.instance == 0 else []
+    else:
+        handles = [resume_state]
+    return [h.value for h in handles if isinstance(h, RunState) and h.run == ctx.run_id]
 
 
 class SinkSpec:

@@ -301,6 +301,32 @@ def test_images_without_keys_get_names_of_their_instance_and_keep_them_after_a_r
         StepContext("s", 1, 2, run_id="r1"), snap).result()[0]["images"] == 0
 
 
+def test_npy_tile_sink_counts_on_after_a_recovery_of_its_run(tmp_path):
+    """The tile sink's count is its checkpointed state: a recovery of the same run places
+    the replayed tiles again and counts each once; another run counts afresh."""
+    from rayflow.connectors.images import NpyTileSink, NpyTileSource
+    from rayflow.operators.image import Halo
+
+    src, dst = tmp_path / "in.npy", tmp_path / "out.npy"
+    img = np.arange(64 * 48, dtype=np.uint16).reshape(64, 48)
+    np.save(src, img)
+    np.lib.format.open_memmap(dst, "w+", img.dtype, img.shape)
+    reader, tiles = NpyTileSource(str(src), 16, Halo(0, 0, 0, 0)).build(CTX), []
+    while not reader.exhausted:
+        tiles += reader.poll(100, 0)[0]
+    ctx = StepContext("s", 0, 1, run_id="r1")
+    first = NpyTileSink(str(dst)).build(ctx)
+    first.write(tiles[:5], None, 0.0)
+    snap = first.snapshot(1)
+    first.write(tiles[5:8], None, 0.0)  # then a failure
+    again = NpyTileSink(str(dst)).build(ctx, snap)
+    again.write(tiles[5:], None, 0.0)
+    assert again.result()[0]["tiles"] == len(tiles) == 12
+    assert np.array_equal(np.load(dst), img)
+    fresh = NpyTileSink(str(dst)).build(StepContext("s", 0, 1, run_id="r2"), snap)
+    assert fresh.result()[0]["tiles"] == 0
+
+
 def _exif_jpeg(img_rgb: np.ndarray, orientation: int) -> bytes:
     from PIL import Image
 

@@ -13,7 +13,9 @@ from typing import Any, Literal, NamedTuple
 import numpy as np
 
 from rayflow.core.connectors import (
+    RunState,
     SinkWriter,
+    restored_by_run,
 )
 from rayflow.core.operators import (
     DeadLetter,
@@ -308,17 +310,6 @@ def _key_image(rec: Any, n: int, instance: int = 0) -> tuple[Any, np.ndarray]:
     return f"image-{instance}-{n:08d}", rec
 
 
-@dataclass(frozen=True)
-class _Delivered:
-    """An image sink instance's snapshot: the run, and how many images (and bytes) it had
-    delivered; a recovery of that run counts on from there, so a replayed image without a
-    key gets the name it had."""
-
-    run: str
-    images: int
-    bytes: int
-
-
 class _EncodingWriter(SinkWriter):
     """Encodes each image; subclasses decide what happens to the bytes."""
 
@@ -326,8 +317,11 @@ class _EncodingWriter(SinkWriter):
                  resume_state: Any = None):
         self.ctx, self.ext, self.params = ctx, ext, tuple(params)
         self.images = self.bytes = 0
-        if isinstance(resume_state, _Delivered) and resume_state.run == ctx.run_id:
-            self.images, self.bytes = resume_state.images, resume_state.bytes
+        # a recovery of this run counts on from the checkpoint, so a replayed image without
+        # a key gets the name it had
+        for images, nbytes in restored_by_run(resume_state, ctx):
+            self.images += images
+            self.bytes += nbytes
         if threads is not None:
             import cv2
 
@@ -351,9 +345,9 @@ class _EncodingWriter(SinkWriter):
     def deliver(self, key: Any, data: bytes) -> None:
         raise NotImplementedError
 
-    def snapshot(self, checkpoint_id: int) -> _Delivered:
+    def snapshot(self, checkpoint_id: int) -> RunState:
         self.flush()
-        return _Delivered(self.ctx.run_id, self.images, self.bytes)
+        return RunState(self.ctx.run_id, (self.images, self.bytes))
 
     def result(self) -> list[dict]:
         return [{"instance": self.ctx.instance, "images": self.images, "bytes": self.bytes}]

@@ -9,10 +9,12 @@ from typing import Any
 import numpy as np
 
 from rayflow.core.connectors import (
+    RunState,
     SinkSpec,
     SinkWriter,
     SourceReader,
     SourceSpec,
+    restored_by_run,
 )
 from rayflow.core.operators import (
     StepContext,
@@ -90,12 +92,15 @@ class NpyTileSink(SinkSpec):
     path: str
 
     def build(self, ctx: StepContext, resume_state: Any = None) -> SinkWriter:
-        return _NpyTileWriter(ctx, self.path)
+        return _NpyTileWriter(ctx, self.path, resume_state)
 
 
 class _NpyTileWriter(SinkWriter):
-    def __init__(self, ctx: StepContext, path: str):
-        self.ctx, self.path, self.tiles = ctx, path, 0
+    def __init__(self, ctx: StepContext, path: str, resume_state: Any = None):
+        # (a recovery of this run counts on from the checkpoint: a replayed tile is placed
+        # again, where it was, and counted once)
+        self.ctx, self.path = ctx, path
+        self.tiles = sum(restored_by_run(resume_state, ctx))
 
     def write(self, items, event_times, in_time):
         out = np.load(self.path, mmap_mode="r+")
@@ -106,6 +111,9 @@ class _NpyTileWriter(SinkWriter):
             out.flush()
         finally:
             del out
+
+    def snapshot(self, checkpoint_id: int) -> RunState:
+        return RunState(self.ctx.run_id, self.tiles)
 
     def result(self) -> list[dict]:
         return [{"instance": self.ctx.instance, "tiles": self.tiles}]
