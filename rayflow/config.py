@@ -25,7 +25,7 @@ from __future__ import annotations
 import difflib
 import os
 import typing
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -563,20 +563,25 @@ def yaml_key_line(root: Any, path: tuple[str, ...] | str) -> int | None:
 
 
 # -- per-step options ---------------------------------------------------------------------
-def validate_step_options(step_id: str, options: Mapping[str, Any]) -> dict[str, Any]:
+def validate_step_options(step_id: str, options: Mapping[str, Any],
+                          method: str = "", keywords: Sequence[str] = ()) -> dict[str, Any]:
     """Check the keyword options of a step (``.map("m", fn, batch_size=100)``).
 
     Valid: :data:`STEP_OPTIONS`, with the constraints of their :class:`StreamOptions` and
-    :class:`StepOnlyOptions` fields. Returns the options as validated (typed).
+    :class:`StepOnlyOptions` fields. Returns the options as validated (typed). ``method``
+    and its own ``keywords`` (``map``: ``parallelism``, ``on_error``) are named in the
+    error, and the closest name may be one of them (``paralelism``).
 
     Raises:
         ConfigError: an unknown option (naming the closest valid one) or a bad value.
     """
     for name in options:
         if name not in STEP_OPTIONS:
+            own = (f"; {method}() takes {', '.join(keywords)}" if method and keywords
+                   else "")
             raise ConfigError(f"step {step_id!r}: unknown option {name!r}"
-                              f"{_did_you_mean(name, STEP_OPTIONS)} (valid: "
-                              f"{', '.join(STEP_OPTIONS)})")
+                              f"{_did_you_mean(name, (*keywords, *STEP_OPTIONS))} (step "
+                              f"options: {', '.join(STEP_OPTIONS)}{own})")
     stream = {k: v for k, v in options.items() if k in STEP_STREAM_OPTIONS}
     only = {k: v for k, v in options.items() if k not in STEP_STREAM_OPTIONS}
     out: dict[str, Any] = {}

@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from rayflow.config import validate_step_options
+from rayflow.config import STEP_OPTIONS, validate_step_options
 from rayflow.core.connectors import SinkSpec, SourceSpec
 from rayflow.core.operators import OperatorSpec
 from rayflow.core.records import Field
@@ -26,6 +27,19 @@ from rayflow.operators.stateless import Filter, FlatMap, Inspect, Map, MapBatche
 Partitioning = Literal["forward", "rebalance", "hash", "broadcast"]
 OnError = Literal["raise", "dead_letter"]
 _STEP_ID = re.compile(r"^[A-Za-z0-9_.\-]+$")
+
+
+def _caller_keywords() -> tuple[str, tuple[str, ...]]:
+    """The public method of this module that is adding a step (``map``...), and its own
+    keyword arguments, for an error about an unknown option to name them."""
+    frame: Any = sys._getframe(1)
+    while frame is not None:
+        code = frame.f_code
+        if code.co_filename == __file__ and not code.co_name.startswith("_"):
+            named = code.co_varnames[:code.co_argcount + code.co_kwonlyargcount]
+            return code.co_name, tuple(n for n in named if n not in ("self", "step_id"))
+        frame = frame.f_back
+    return "", ()
 
 
 @dataclass(frozen=True)
@@ -102,8 +116,9 @@ class Dataflow:
         if not isinstance(step.parallelism, int) or step.parallelism < 1:
             raise ConfigError(f"step {step.step_id!r}: parallelism must be an int >= 1")
         # a misspelt option must fail here, not be dropped by the runtime
-        step = dataclasses.replace(step, options=validate_step_options(step.step_id,
-                                                                       step.options))
+        step = dataclasses.replace(step, options=validate_step_options(
+            step.step_id, step.options,
+            *(_caller_keywords() if set(step.options) - set(STEP_OPTIONS) else ("", ()))))
         self._steps[step.step_id] = step
 
     def validate(self) -> None:

@@ -234,6 +234,26 @@ def test_every_step_kind_checks_its_options():
         s.map_batches("mb", len, chaining=False)  # job-wide only, not per step
 
 
+def test_a_misspelt_keyword_of_the_method_is_named_with_the_closest_one():
+    """The methods' own keywords (parallelism, on_error, ttl_s...) are not step options, but
+    a misspelling of one is an unknown option whose error names the method's keywords and
+    the closest of them."""
+    flow = rf.Dataflow("typo-kw")
+    src = flow.source("src", rf.MemorySource([1]))
+    with pytest.raises(ConfigError) as err:
+        src.map("m", str, paralelism=2)
+    assert str(err.value).startswith("step 'm': unknown option 'paralelism'; did you mean "
+                                     "'parallelism'?")
+    assert str(err.value).endswith("; map() takes fn, parallelism, on_error)")
+    with pytest.raises(ConfigError, match="did you mean 'ttl_s'.*stateful_map\\(\\) takes "
+                                          "fn, ttl_s, parallelism, on_error"):
+        src.key_by(str).stateful_map("n", lambda s, v: (s, v), ttl=3)
+    with pytest.raises(ConfigError, match="'on_eror'; did you mean 'on_error'"):
+        src.sink("out", rf.CollectSink(), on_eror="raise")
+    with pytest.raises(ConfigError, match="source\\(\\) takes spec, parallelism"):
+        flow.source("src2", rf.MemorySource([1]), paralellism=2)
+
+
 def test_step_option_values_are_checked_and_typed():
     with pytest.raises(ConfigError, match=r"step 'm': option batch_size: Input should be "
                                           r"greater than 0 \(got 0\)"):
