@@ -72,10 +72,10 @@ class Launcher:
     def _spawn(self, latest: Any, first_id: int, positions: dict, fresh_state: bool = False,
                recovering: bool = False, only: frozenset | None = None) -> None:
         """Build, wire and start every instance (``only`` those of one failover region; the
-        others run on). ``fresh_state``: operators start empty (at-most-once
-        recovery: the sources resume past what already left, so old state would emit
-        records a second time); sinks keep what they delivered. While ``recovering``, a failure is raised as it is, for the
-        supervisor to try again."""
+        others run on). ``fresh_state``: operators start empty (at-most-once recovery: the
+        sources resume past what already left, so old state would emit records a second
+        time); sinks keep what they delivered. While ``recovering``, a failure is raised as
+        it is, for the supervisor to try again."""
         import ray
 
         from rayflow.runtime.coordinator import SplitClient
