@@ -25,6 +25,7 @@ and, when known, its line in the file.
 from __future__ import annotations
 
 import copy
+import difflib
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -343,7 +344,12 @@ def _schema_path(exc) -> str:
 
 def _schema_message(exc) -> str:
     if exc.validator == "additionalProperties":
-        return f"unknown key ({exc.message.split('(')[-1].rstrip(')')})"
+        allowed = list((exc.schema or {}).get("properties", {}))
+        extra = sorted(k for k in exc.instance if k not in allowed) \
+            if isinstance(exc.instance, dict) else []
+        close = difflib.get_close_matches(str(extra[0]), allowed, n=1) if extra else []
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        return f"unknown key{hint} ({exc.message.split('(')[-1].rstrip(')')})"
     if exc.validator == "required":
         return exc.message
     return f"{exc.message} (schema rule {exc.validator!r})"

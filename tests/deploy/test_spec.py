@@ -56,10 +56,10 @@ _DELETE = object()
 # (case id, base file, mutation, expected dotted key path, words in the message)
 BROKEN = [
     ("unknown-top-key", "aws.yaml", _set("idle_timeout_minute", 5), "idle_timeout_minute",
-     "unknown key"),
+     "unknown key; did you mean 'idle_timeout_minutes'?"),
     ("unknown-node-type-key", "aws.yaml",
      _set("available_node_types.cpu_worker.resourcez", {"CPU": 4}),
-     "available_node_types.cpu_worker.resourcez", "unknown key"),
+     "available_node_types.cpu_worker.resourcez", "unknown key; did you mean 'resources'?"),
     ("worker-without-cpus", "aws.yaml", _set("available_node_types.cpu_worker.resources", {}),
      "available_node_types.cpu_worker.resources.CPU", "declare the worker's CPUs"),
     ("cpu-not-integer", "local-autoscale.yaml",
