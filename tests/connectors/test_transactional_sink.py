@@ -416,3 +416,24 @@ def test_the_commit_process_ends_with_the_sink_process_however_it_dies(kafka_bro
         child.wait(10)  # raises TimeoutExpired if the child outlived its parent
     finally:
         proc.kill()
+
+
+@pytest.mark.parametrize("client", ["confluent", "kafka-python"])
+def test_a_bounded_source_reads_to_the_end_of_what_an_exactly_once_job_wrote(
+        ray_session, kafka_broker, new_topic, client):
+    """Each transaction ends with a commit marker, an offset that no consumer returns: a
+    bounded read of such a topic takes the consumer's position past it and ends. Before,
+    it waited for the offset after the last record for ever (the job never ended)."""
+    if client == "confluent":
+        pytest.importorskip("confluent_kafka")
+    bs, topic = kafka_broker.bootstrap, new_topic(2)
+    w = rf.Dataflow("eo-write")
+    (w.source("in", rf.GeneratorSource(lambda i: str(i).encode(), count=400, rate=400))
+      .sink("out", rf.KafkaSink(topic, bootstrap=bs, key=lambda v: v)))
+    w.run(timeout_s=120, checkpoint={"interval_s": 0.2, "processing_guarantee": "exactly_once"})
+    r = rf.Dataflow("bounded-read")
+    (r.source("in", rf.KafkaSource(topic, bootstrap=bs, bounded=True, client=client),
+              parallelism=2)
+      .sink("out", rf.CollectSink()))
+    got = r.run(timeout_s=60).collect("out")
+    assert sorted(int(v) for v in got) == list(range(400))
