@@ -85,17 +85,43 @@ class KafkaImageSink(SinkSpec):
     def build(self, ctx: StepContext, resume_state: Any = None) -> SinkWriter:
         from rayflow.connectors.kafka import KafkaSink
 
+        # the Kafka sink's own state (exactly-once: its pre-committed epochs) and the counts
+        if isinstance(resume_state, Rescaled):
+            inner_state: Any = Rescaled(tuple(_inner_state(h) for h in resume_state.handles),
+                                        resume_state.old_parallelism)
+            delivered = None  # (a new job: it counts afresh)
+        else:
+            inner_state = _inner_state(resume_state)
+            delivered = resume_state.delivered if isinstance(resume_state, _ImageSinkState) \
+                else None
         inner = KafkaSink(self.topic, bootstrap=self.bootstrap, key=chunk_message_key,
                           max_message_bytes=self.chunk_bytes, client=self.client,
-                          options=self.options).build(ctx)
-        return _KafkaImageWriter(ctx, self, inner, resume_state)
+                          options=self.options).build(ctx, inner_state)
+        return _KafkaImageWriter(ctx, self, inner, delivered)
+
+
+@dataclass(frozen=True)
+class _ImageSinkState:
+    """A :class:`KafkaImageSink` instance's snapshot: its Kafka sink's, and its counts."""
+
+    inner: Any
+    delivered: Any
+
+
+def _inner_state(state: Any) -> Any:
+    return state.inner if isinstance(state, _ImageSinkState) else None
 
 
 class _KafkaImageWriter(_EncodingWriter):
+    """Encodes and chunks each image, and hands the messages to a Kafka sink's writer, whose
+    delivery protocol it follows: under exactly-once its epochs are pre-committed at the
+    barriers and written in a transaction once the checkpoint completes."""
+
     def __init__(self, ctx, spec: KafkaImageSink, inner: SinkWriter, resume_state: Any = None):
         super().__init__(ctx, spec.ext, spec.params, spec.threads, resume_state)
         self.spec, self.inner = spec, inner
         self.pending: list[Any] = []
+        self.commits_beside_writes = inner.commits_beside_writes
 
     def deliver(self, key, data):
         spec = self.spec
@@ -118,6 +144,21 @@ class _KafkaImageWriter(_EncodingWriter):
 
     def flush(self):
         self.inner.flush()
+
+    def snapshot(self, checkpoint_id):
+        return _ImageSinkState(self.inner.snapshot(checkpoint_id),
+                               super().snapshot(checkpoint_id))
+
+    def commit(self, checkpoint_id):
+        self.inner.commit(checkpoint_id)
+
+    def uncommitted(self):
+        return self.inner.uncommitted()
+
+    @property
+    def waited_s(self) -> float:
+        """Time writes waited for a commit (the exactly-once writer's backpressure)."""
+        return getattr(self.inner, "waited_s", 0.0)
 
     def close(self):
         self.inner.close()
