@@ -3,6 +3,7 @@ to the coordinator, dead letters, metrics and the end of stream."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import threading
@@ -53,7 +54,11 @@ class StepTask:
         self.counters = StepCounters()
         self.latency = LatencyRecorder(self.opts.latency_sample_every)
         self.kept_dead: list[DeadLetter] = []
-        self._dead_writer = dead_letter_sink.build(ctx) if dead_letter_sink else None
+        # the dead-letter sink delivers at least once whatever the job's guarantee: it is
+        # flushed at each checkpoint, never part of one (an exactly-once writer would hold
+        # its records for commits that nothing makes)
+        self._dead_writer = dead_letter_sink.build(dataclasses.replace(
+            ctx, guarantee="at_least_once")) if dead_letter_sink else None
         self._stop = threading.Event()
         self._done = threading.Event()
         self._lock = threading.Lock()  # sink writes (data) vs commits (control)
