@@ -347,6 +347,10 @@ class _EncodingWriter(SinkWriter):
 
     def snapshot(self, checkpoint_id: int) -> RunState:
         self.flush()
+        return self.delivered()
+
+    def delivered(self) -> RunState:
+        """What this run delivered (the images and bytes), as the snapshot keeps it."""
         return RunState(self.ctx.run_id, (self.images, self.bytes))
 
     def result(self) -> list[dict]:

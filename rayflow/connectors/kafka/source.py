@@ -243,7 +243,7 @@ class _KafkaReader(SourceReader):
         self._keep = None
         if not values:
             if self.end is not None:
-                self._past_markers()
+                self._past_markers(self.end)
             return None
         positions = self.c.positions_tps() if self.spec.with_metadata else None
         if self.end is not None and any(off >= self.end[tp] for tp, off in last.items()):
@@ -263,7 +263,7 @@ class _KafkaReader(SourceReader):
             items = [KafkaMessage(p, o, v, t) for (t, p, o), v in zip(positions, items)]
         return items, np.asarray(stamps, dtype=np.float64) / 1000.0
 
-    def _past_markers(self) -> None:
+    def _past_markers(self, end: dict[tuple[str, int], int]) -> None:
         """A bounded read whose poll came back empty: take the consumer's positions where
         they passed records it never returns, such as the commit marker that ends each
         transaction (a topic an exactly-once sink wrote ends with one), or an aborted
@@ -271,12 +271,12 @@ class _KafkaReader(SourceReader):
         after the last record returned, it would wait for ever."""
         by_topic: dict[str, list[int]] = {}
         for t, p in self.partitions:
-            if self.next[(t, p)] < self.end[(t, p)]:
+            if self.next[(t, p)] < end[(t, p)]:
                 by_topic.setdefault(t, []).append(p)
         for t, parts in by_topic.items():
             for p, pos in self.c.next_offsets(t, parts).items():
                 if pos is not None and pos > self.next[(t, p)]:
-                    self.next[(t, p)] = min(pos, self.end[(t, p)])
+                    self.next[(t, p)] = min(pos, end[(t, p)])
 
     def splits(self) -> list[str]:
         """The partitions this reader still reads (a bounded one that reached its end is
