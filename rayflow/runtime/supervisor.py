@@ -311,7 +311,36 @@ class Supervisor(Launcher):
             try:
                 self._finals[k] = ray.get(ref, timeout=60)
             except Exception:  # noqa: BLE001 - an instance that died after finishing
-                continue
+                final = self._final_from_checkpoint(k)
+                if final is not None:
+                    self._finals[k] = final
+
+    def _final_from_checkpoint(self, key: tuple[str, int]) -> dict | None:
+        """What the driver keeps of an instance that died after it finished, from its final
+        state in the last checkpoint: a collecting sink's records and the dead letters, with
+        their count. Its other counters and its latency samples went with it (they read as
+        none). None where the checkpoint holds no final state of it."""
+        import numpy as np
+
+        from rayflow.core.connectors import RunState
+        from rayflow.metrics import StepCounters
+        from rayflow.runtime.inflight import dead_letters_of, state_of
+
+        latest = self._latest
+        if latest is None or key not in latest.finished_tasks or key not in latest.handles:
+            return None
+        handle = latest.handles[key]
+        state, dead = state_of(handle), dead_letters_of(handle)
+        counters = StepCounters()
+        counters.dead_letters = dead.count if dead is not None else 0
+        log.warning("job %r: %s instance %d died after it finished; its output and dead "
+                    "letters are taken from its final checkpoint", self.flow.name, key[0],
+                    key[1])
+        return {"counters": counters.as_dict(), "latency": np.empty((0, 2)),
+                "dead_letters": list(dead.kept) if dead is not None else [],
+                "result": state.value if isinstance(state, RunState)
+                and state.run == self.run_id else None,
+                "error": None}
 
     def _release_snapshots(self) -> None:
         """Before the actors go: each operator deletes the snapshots it still keeps (the

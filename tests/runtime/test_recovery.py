@@ -283,3 +283,28 @@ def test_a_kafka_dead_letter_sink_gets_every_dead_letter(ray_session, kafka_brok
     got = [json.loads(v) for v in read_values(bs, dlq)]
     assert sorted(int(d["record"]) for d in got) == list(range(0, 300, 10))
     assert {(d["step_id"], d["reason"][:11]) for d in got} == {("check", "ValueError:")}
+
+
+def test_an_instance_lost_after_it_finished_gives_its_output_from_the_final_checkpoint(
+        ray_session):
+    """An actor that dies after its instances finished (the final checkpoint complete)
+    takes with it what the driver fetches at the end. Its final state in the checkpoint
+    stands in: a collecting sink's records and the dead letters with their count, equal to
+    what the live instances gave. Before, the job ended FINISHED with nothing from it
+    (``collect`` empty, no metrics)."""
+    n = 600
+    flow = rf.Dataflow("lost-after-end")
+    (flow.source("src", rf.GeneratorSource(lambda i: i, count=n, rate=1200), batch_size=20)
+         .map("check", _every_tenth_fails, on_error="dead_letter")
+         .sink("out", rf.CollectSink()))
+    job = rf.run(flow, checkpoint={**CHK, "max_restarts": 1}, timeout_s=120)
+    assert job._latest is not None and job._latest.final
+    for key in [("check", 0), ("out", 0)]:
+        stand_in = job._final_from_checkpoint(key)
+        live = job._finals[key]
+        assert stand_in["result"] == live["result"]
+        assert stand_in["dead_letters"] == live["dead_letters"]
+        assert stand_in["counters"]["dead_letters"] == live["counters"]["dead_letters"]
+    assert sorted(job._final_from_checkpoint(("out", 0))["result"]) == \
+        [x for x in range(n) if x % 10]
+    assert len(job._final_from_checkpoint(("check", 0))["dead_letters"]) == n // 10
