@@ -472,7 +472,7 @@ def _env_layer() -> dict[str, Any]:
         section = name[len(ENV_PREFIX):].split("__", 1)[0].lower()
         if section not in sections:
             raise ConfigError(f"environment variable {name}: no section {section!r}"
-                              f"{_did_you_mean(section, sections)} (sections: "
+                              f"{did_you_mean(section, sections)} (sections: "
                               f"{', '.join(sections)})")
     try:
         data = EnvSettingsSource(RayflowConfig)()
@@ -505,7 +505,7 @@ def _checked(data: dict[str, Any], source: str, lines: Any = None) -> dict[str, 
         loc = tuple(str(p) for p in err["loc"])
         if err["type"] == "extra_forbidden":
             valid = _fields_at(loc[:-1])
-            message = f"unknown key{_did_you_mean(loc[-1], valid)}"
+            message = f"unknown key{did_you_mean(loc[-1], valid)}"
             if valid:
                 message += f" (valid here: {', '.join(valid)})"
         else:
@@ -523,7 +523,8 @@ def _fields_at(loc: tuple[str, ...]) -> list[str]:
     return list(getattr(model, "model_fields", {}))
 
 
-def _did_you_mean(name: str, valid) -> str:
+def did_you_mean(name: str, valid) -> str:
+    """``"; did you mean 'x'?"`` for the closest of ``valid`` to ``name``, or ``""``."""
     close = difflib.get_close_matches(name, list(valid), n=1)
     return f"; did you mean {close[0]!r}?" if close else ""
 
@@ -580,7 +581,7 @@ def validate_step_options(step_id: str, options: Mapping[str, Any],
             own = (f"; {method}() takes {', '.join(keywords)}" if method and keywords
                    else "")
             raise ConfigError(f"step {step_id!r}: unknown option {name!r}"
-                              f"{_did_you_mean(name, (*keywords, *STEP_OPTIONS))} (step "
+                              f"{did_you_mean(name, (*keywords, *STEP_OPTIONS))} (step "
                               f"options: {', '.join(STEP_OPTIONS)}{own})")
     stream = {k: v for k, v in options.items() if k in STEP_STREAM_OPTIONS}
     only = {k: v for k, v in options.items() if k not in STEP_STREAM_OPTIONS}

@@ -24,7 +24,6 @@ rayflow's own rules on top: Ray's token authentication is not turned off, worker
 from __future__ import annotations
 
 import copy
-import difflib
 import functools
 import gzip
 import json
@@ -35,7 +34,8 @@ from typing import Any
 
 import yaml
 
-from rayflow.config import yaml_key_line
+from rayflow.config import did_you_mean, yaml_key_line
+from rayflow.deploy.spec import unknown_schema_key
 from rayflow.errors import ConfigError
 
 KUBERAY_VERSION = "v1.7.0"
@@ -250,13 +250,11 @@ def _check_schema(doc: dict, schema: dict, fail) -> None:
         return
     exc = errors[0]
     parts = [str(p) for p in exc.absolute_path]
-    if exc.validator == "additionalProperties" and isinstance(exc.instance, dict):
-        allowed = sorted((exc.schema or {}).get("properties", {}))
-        extra = sorted(k for k in exc.instance if k not in allowed)
-        close = difflib.get_close_matches(extra[0], allowed, n=1) if extra else []
-        hint = f"; did you mean {close[0]!r}?" if close else \
-            f"; known: {', '.join(allowed)}" if len(allowed) <= 12 else ""
-        raise fail(".".join(parts + extra[:1]), f"unknown field {extra[0]!r}{hint}")
+    unknown, allowed = unknown_schema_key(exc)
+    if unknown is not None:
+        hint = did_you_mean(unknown, allowed) or (
+            f"; known: {', '.join(allowed)}" if len(allowed) <= 12 else "")
+        raise fail(".".join(parts + [unknown]), f"unknown field {unknown!r}{hint}")
     if exc.validator == "required":
         missing = [k for k in exc.validator_value if k not in (exc.instance or {})]
         raise fail(".".join(parts + missing[:1]), f"missing required field {missing[0]!r}")

@@ -25,7 +25,6 @@ and, when known, its line in the file.
 from __future__ import annotations
 
 import copy
-import difflib
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,7 +32,7 @@ from typing import Any
 
 import yaml
 
-from rayflow.config import yaml_key_line
+from rayflow.config import did_you_mean, yaml_key_line
 from rayflow.errors import ConfigError
 
 # Ray versions whose private validators (prepare_config / validate_config) rayflow was run
@@ -328,13 +327,21 @@ def _ray_validate(config: dict[str, Any], fail) -> dict[str, Any]:
     return prepared
 
 
+def unknown_schema_key(exc) -> tuple[str | None, list[str]]:
+    """Of a jsonschema ``additionalProperties`` error: the first key the schema does not
+    know (None for another error), and the keys it knows."""
+    if exc.validator != "additionalProperties" or not isinstance(exc.instance, dict):
+        return None, []
+    allowed = sorted((exc.schema or {}).get("properties", {}))
+    extra = sorted(str(k) for k in exc.instance if k not in allowed)
+    return (extra[0] if extra else None), allowed
+
+
 def _schema_path(exc) -> str:
     parts = [str(p) for p in exc.absolute_path]
-    if exc.validator == "additionalProperties" and isinstance(exc.instance, dict):
-        allowed = set((exc.schema or {}).get("properties", {}))
-        extra = sorted(k for k in exc.instance if k not in allowed)
-        if extra:
-            parts.append(str(extra[0]))
+    unknown, _ = unknown_schema_key(exc)
+    if unknown is not None:
+        parts.append(unknown)
     elif exc.validator == "required" and isinstance(exc.validator_value, list):
         missing = [k for k in exc.validator_value if k not in (exc.instance or {})]
         if missing:
@@ -344,11 +351,8 @@ def _schema_path(exc) -> str:
 
 def _schema_message(exc) -> str:
     if exc.validator == "additionalProperties":
-        allowed = list((exc.schema or {}).get("properties", {}))
-        extra = sorted(k for k in exc.instance if k not in allowed) \
-            if isinstance(exc.instance, dict) else []
-        close = difflib.get_close_matches(str(extra[0]), allowed, n=1) if extra else []
-        hint = f"; did you mean {close[0]!r}?" if close else ""
+        unknown, allowed = unknown_schema_key(exc)
+        hint = did_you_mean(unknown, allowed) if unknown is not None else ""
         return f"unknown key{hint} ({exc.message.split('(')[-1].rstrip(')')})"
     if exc.validator == "required":
         return exc.message

@@ -322,7 +322,8 @@ class Supervisor(Launcher):
         none). None where the checkpoint holds no final state of it."""
         import numpy as np
 
-        from rayflow.core.connectors import RunState
+        from rayflow.core.connectors import restored_by_run
+        from rayflow.core.operators import StepContext
         from rayflow.metrics import StepCounters
         from rayflow.runtime.inflight import dead_letters_of, state_of
 
@@ -336,11 +337,11 @@ class Supervisor(Launcher):
         log.warning("job %r: %s instance %d died after it finished; its output and dead "
                     "letters are taken from its final checkpoint", self.flow.name, key[0],
                     key[1])
+        # (what a recovery of this run would restore into the sink's writer)
+        result = restored_by_run(state, StepContext(key[0], key[1], 1, run_id=self.run_id))
         return {"counters": counters.as_dict(), "latency": np.empty((0, 2)),
                 "dead_letters": list(dead.kept) if dead is not None else [],
-                "result": state.value if isinstance(state, RunState)
-                and state.run == self.run_id else None,
-                "error": None}
+                "result": result[0] if result else None, "error": None}
 
     def _release_snapshots(self) -> None:
         """Before the actors go: each operator deletes the snapshots it still keeps (the

@@ -398,10 +398,11 @@ class DirectorySink(SinkSpec):
     Without ``relative_to``, a relative key (``a/shot.jpg``) keeps its folders and an absolute
     one keeps its file name only. An image without a key (a bare array) is named by the sink
     instance and its number there, ``image-<instance>-<n>``: after a recovery the count
-    goes on from the checkpoint, so a replayed image gets its name again. Never an overwrite: an output name already written with
-    other bytes (``photo.png`` and ``photo.jpg`` both become ``photo.png``; or a file left by
-    an earlier run) makes the second image a dead letter naming both; the same bytes again
-    (a record replayed after a restore) are not. A key that leaves ``path`` (``..``), or
+    goes on from the checkpoint, so a replayed image gets its name again. Never an
+    overwrite: an output name already written with other bytes (``photo.png`` and
+    ``photo.jpg`` both become ``photo.png``; or a file left by an earlier run) makes the
+    second image a dead letter naming both; the same bytes again (a record replayed after
+    a restore) are not. A key that leaves ``path`` (``..``), or
     an absolute key outside ``relative_to``, is a dead letter too.
 
     Files appear atomically (written to a temporary name, then linked into place), so a
