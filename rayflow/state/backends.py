@@ -9,8 +9,11 @@ import shutil
 import tempfile
 import time
 import uuid
+from bisect import bisect_left
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from itertools import islice
+from operator import itemgetter
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
@@ -387,6 +390,9 @@ _ABSENT = object()
 #: (see :meth:`_RocksState._wrote`)
 FOLD_AT = 1 << 22
 
+#: entries a scan of :class:`_RocksState`'s partials takes from RocksDB's iterator at once
+_SCAN_CHUNK = 4096
+
 #: where a snapshot of :class:`_RocksState` keeps its sequence of partial writes (a key
 #: that is neither a partial's nor a pickle's)
 _SEQ_KEY = b"\x01seq"
@@ -402,6 +408,28 @@ def _ns_prefix(ns: Any) -> bytes:
     is never the start of another one (it ends where its STOP opcode is read), so a
     namespace's entries, and a key's within it, are contiguous."""
     return b"\x00" + pickle.dumps(ns)
+
+
+def _write_sorted(db: Any, puts: list, deletes: list | None = None) -> None:
+    """Write ``(key bytes, value)`` pairs and deletes of key bytes to ``db`` in one write
+    batch, in key order. RocksDB's memtable (a skiplist) inserts keys that come in order
+    where the last insert left off; keys at random each search it from the top, and at a
+    million keys that search misses the CPU caches (measured on the 2-core VM, 2 M partials
+    in batches of 10,000: the writes took 2.0 s sorted, sort included, against 3.7 s)."""
+    from rocksdict import WriteBatch
+
+    batch = WriteBatch()
+    if deletes:
+        delete = batch.delete
+        for kb in sorted(deletes):
+            delete(kb)
+    put = batch.put
+    for kb, v in sorted(puts, key=_first):
+        put(kb, v)
+    db.write(batch)
+
+
+_first = itemgetter(0)
 
 
 def _past(prefix: bytes) -> bytes:
@@ -509,17 +537,14 @@ class _RocksState(KeyValueState):
             self._write_partials()
         if not self._dirty:
             return
-        from rocksdict import WriteBatch
-
-        batch, cache, deleted = WriteBatch(), self._cache, []
+        cache, dumps, deleted, puts = self._cache, pickle.dumps, [], []
         for k in self._dirty:
             v = cache[k]
             if v is None:
-                batch.delete(pickle.dumps(k))
                 deleted.append(k)
             else:
-                batch.put(pickle.dumps(k), v)
-        self.db.write(batch)
+                puts.append((dumps(k), v))
+        _write_sorted(self.db, puts, [dumps(k) for k in deleted])
         self._fresh -= self._dirty  # written: RocksDB has them now
         self._dirty = set()
         for k in deleted:  # written: their entries make room
@@ -531,14 +556,11 @@ class _RocksState(KeyValueState):
         return self._seq.to_bytes(8, "big")
 
     def _write_partials(self) -> None:
-        from rocksdict import WriteBatch
-
-        batch, tail, dumps = WriteBatch(), self._tail(), pickle.dumps
+        tail, dumps, puts = self._tail(), pickle.dumps, []
         for ns, pairs in self._pcache.items():
             prefix = _ns_prefix(ns)
-            for k, v in pairs.items():
-                batch.put(prefix + dumps(k) + tail, v)
-        self.db.write(batch)
+            puts += [(prefix + dumps(k) + tail, v) for k, v in pairs.items()]
+        _write_sorted(self.db, puts)
         held, self._pcache, self._pcount = self._pcache, {}, 0
         for ns, pairs in held.items():
             self._wrote(ns, len(pairs))
@@ -573,34 +595,38 @@ class _RocksState(KeyValueState):
         values: list = []
         last = None
         entries: Any = self.db.items(from_key=prefix)  # (bytes keys: the stub says any)
-        for kb, v in entries:
-            if not kb.startswith(prefix):
-                break
-            kk = kb[n:-8]
-            if kk == last:
-                values[-1] = merge(values[-1], v)
-            else:
-                keys.append(kk)
-                values.append(v)
-                last = kk
-        # (no upper bound on the scan: rocksdict's did not hold, in 0.3.29)
-        return keys, values
+        # read in chunks, each taken from the iterator in one call: the keys lie in order,
+        # so a chunk whose last key has the prefix is the namespace's throughout, and the
+        # first one whose last has not ends it (a quarter of a scan's time, measured on the
+        # 2-core VM at 2 M entries). (No upper bound on the iterator: rocksdict's did not
+        # hold, in 0.3.29.)
+        while True:
+            got = list(islice(entries, _SCAN_CHUNK))
+            end = len(got) < _SCAN_CHUNK
+            if got and not got[-1][0].startswith(prefix):
+                got = got[:bisect_left(got, True, key=lambda e: not e[0].startswith(prefix))]
+                end = True
+            for kk, v in zip([e[0][n:-8] for e in got], [e[1] for e in got]):
+                if kk == last:
+                    values[-1] = merge(values[-1], v)
+                else:
+                    keys.append(kk)
+                    values.append(v)
+                    last = kk
+            if end:
+                return keys, values
 
     def add_partials(self, ns, pairs, merge):
-        from rocksdict import WriteBatch
-
         self._merges[ns] = merge
         held = self._pcache.get(ns)
         room, dumps = self.cache_entries - self._pcount, pickle.dumps
         if room <= 0 and not held:  # (the cache is full, and of other windows)
-            batch, prefix, tail = WriteBatch(), _ns_prefix(ns), self._tail()
-            put = batch.put
-            for k, v in pairs.items():
-                put(prefix + dumps(k) + tail, v)
+            prefix, tail = _ns_prefix(ns), self._tail()
+            puts = [(prefix + dumps(k) + tail, v) for k, v in pairs.items()]
         else:
             if held is None:
                 held = self._pcache[ns] = {}
-            batch, prefix, tail = None, b"", b""
+            puts, prefix, tail = [], b"", b""
             for k, v in pairs.items():
                 cur = held.get(k, _ABSENT)
                 if cur is not _ABSENT:
@@ -609,16 +635,15 @@ class _RocksState(KeyValueState):
                     held[k] = v
                     room -= 1
                 else:  # no room: a partial of its own in RocksDB now
-                    if batch is None:
-                        batch, prefix, tail = WriteBatch(), _ns_prefix(ns), self._tail()
-                    batch.put(prefix + dumps(k) + tail, v)
+                    if not puts:
+                        prefix, tail = _ns_prefix(ns), self._tail()
+                    puts.append((prefix + dumps(k) + tail, v))
             self._pcount = self.cache_entries - room
             if not held:
                 del self._pcache[ns]
-        if batch is not None:
-            n = len(batch)  # (a batch written is gone)
-            self.db.write(batch)
-            self._wrote(ns, n)
+        if puts:
+            _write_sorted(self.db, puts)
+            self._wrote(ns, len(puts))
 
     def take_partials(self, ns, merge):
         pairs, stored = self._read_partials(ns, merge)
@@ -720,10 +745,8 @@ class _RocksState(KeyValueState):
         return [cache[k] if k in cache else got[k] for k in keys]
 
     def put_many(self, pairs):
-        from rocksdict import WriteBatch
-
         items = pairs.items() if isinstance(pairs, dict) else pairs
-        cache, dirty, batch = self._cache, self._dirty, None
+        cache, dirty, puts = self._cache, self._dirty, {}
         room = self.cache_entries - len(cache)
         for k, v in items:
             if k in cache or room > 0:
@@ -731,16 +754,12 @@ class _RocksState(KeyValueState):
                     room -= 1
                 cache[k] = v
                 dirty.add(k)
-            else:  # the cache is full: straight to RocksDB
-                if batch is None:
-                    batch = WriteBatch()
-                batch.put(pickle.dumps(k), v)
-        if batch is not None:
-            self.db.write(batch)
+            else:  # the cache is full: straight to RocksDB (a key put twice: the last)
+                puts[pickle.dumps(k)] = v
+        if puts:
+            _write_sorted(self.db, list(puts.items()))
 
     def pop_many(self, keys):  # one read (cache, multi-get), the deletes in one write batch
-        from rocksdict import WriteBatch
-
         if not keys:
             return []
         values = self.get_many(keys)
@@ -771,10 +790,7 @@ class _RocksState(KeyValueState):
         dirty -= distinct
         fresh -= distinct
         if gone:
-            batch, dumps = WriteBatch(), pickle.dumps
-            for k in gone:
-                batch.delete(dumps(k))
-            self.db.write(batch)
+            _write_sorted(self.db, [], [pickle.dumps(k) for k in gone])
         return values
 
     def pop(self, key):

@@ -300,12 +300,16 @@ def test_the_checkpoint_settings_choose_the_backend_and_its_cache(tmp_path):
         load_config(checkpoint={"rocksdb_cache_entries": -1})
 
 
+@pytest.mark.parametrize("scan_chunk", [2, 4096])
 @pytest.mark.parametrize("cache_entries", [0, 3, 1000])
 @pytest.mark.parametrize("seed", range(4))
-def test_rocksdb_partials_merge_in_order_through_snapshots_and_rescales(tmp_path, cache_entries,
-                                                                         seed):
+def test_rocksdb_partials_merge_in_order_through_snapshots_and_rescales(tmp_path, monkeypatch,
+                                                                         cache_entries, seed,
+                                                                         scan_chunk):
     """Partials added to namespaces (keys that are each other's prefix as text, tuples,
-    numbers; a cache that holds none, some or all of them) come back from ``take_partials``
+    numbers; a cache that holds none, some or all of them; scans that read them a few at a
+    time, so that a chunk ends inside a key's partials, at a namespace's end and past it,
+    or all at once) come back from ``take_partials``
     as one value per key, merged in the order they were added (list concatenation, which
     order changes), as a plain dict of lists says; ``read_partials`` returns the same and
     leaves them; ``drop_partials`` removes one key's; a snapshot restores them, and
@@ -316,6 +320,9 @@ def test_rocksdb_partials_merge_in_order_through_snapshots_and_rescales(tmp_path
     import pickle
     import random
 
+    from rayflow.state import backends
+
+    monkeypatch.setattr(backends, "_SCAN_CHUNK", scan_chunk)
     rng = random.Random(seed)
     keys = ["a", "ab", "abc", ("t", 1), ("t", 10), 1, 10, 1.5, b"a"]
     spaces = [(0.0, 1.0), (1.0, 2.0), ("w", 3)]
