@@ -620,9 +620,13 @@ class _RocksState(KeyValueState):
         self._merges[ns] = merge
         held = self._pcache.get(ns)
         room, dumps = self.cache_entries - self._pcount, pickle.dumps
-        if room <= 0 and not held:  # (the cache is full, and of other windows)
+        if room <= 0:  # the cache is full: the keys it holds merge there, the rest go out
+            hits = pairs.keys() & held.keys() if held else ()  # (a set operation, in C)
+            for k in hits:
+                held[k] = merge(held[k], pairs[k])
             prefix, tail = _ns_prefix(ns), self._tail()
-            puts = [(prefix + dumps(k) + tail, v) for k, v in pairs.items()]
+            puts = [(prefix + dumps(k) + tail, v) for k, v in pairs.items()
+                    if not hits or k not in hits]
         else:
             if held is None:
                 held = self._pcache[ns] = {}
