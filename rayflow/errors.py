@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import math
+import numbers
+from typing import Any
+
 
 class RayflowError(Exception):
     """Base class of rayflow's errors."""
@@ -40,3 +44,20 @@ class StepError(RayflowError):
 
 class GangSchedulingError(RayflowError):
     """A gang (placement group) could not be placed within its timeout."""
+
+
+def check_number(owner: str, name: str, value: Any, *, above: float | None = 0.0,
+                 at_least: float | None = None, or_none: bool = False) -> None:
+    """``value`` is a finite number (not a bool) above ``above``, or at least ``at_least``
+    (with neither, any finite number), or None where ``or_none``: else a ValueError that
+    names ``owner`` and its field ``name``."""
+    if or_none and value is None:
+        return
+    number = (not isinstance(value, bool) and isinstance(value, numbers.Real)
+              and math.isfinite(value))
+    if not number or (above is not None and not float(value) > above) or (
+            at_least is not None and not float(value) >= at_least):
+        bound = (f" > {above:g}" if above is not None else
+                 f" >= {at_least:g}" if at_least is not None else "")
+        raise ValueError(f"{owner}: {name} must be a number{bound}"
+                         f"{' or None' if or_none else ''} (finite), got {value!r}")

@@ -1,5 +1,6 @@
 import pytest
 
+import rayflow as rf
 from rayflow import CollectSink, Dataflow, MemorySource
 from rayflow.errors import ConfigError
 from rayflow.operators.windows import TumblingWindow
@@ -110,3 +111,28 @@ def test_a_step_of_two_inputs_from_one_chain_chains_on_one_to_one_edges():
     assert chains(f) == {"src": "src", "split": "src", "z": "src", "j": "src", "out": "src",
                          "x": "x", "m": "m", "s2": "s2", "sp2": "s2", "y": "s2", "m2": "s2",
                          "o2": "s2", "w": "s2", "m3": "m3"}
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda: rf.GeneratorSource(str, count=-1), "GeneratorSource: count must be an int >= 0"),
+    (lambda: rf.GeneratorSource(str, count=2.5), "GeneratorSource: count .* got 2.5"),
+    (lambda: rf.GeneratorSource(str, count=5, rate=0), "GeneratorSource: rate must be a "
+                                                       "number > 0 or None"),
+    (lambda: rf.GeneratorSource(str, rate=float("nan")), "GeneratorSource: rate .* got nan"),
+    (lambda: rf.MemorySource(5), "MemorySource: records must be a list, .* got int"),
+    (lambda: rf.MemorySource(x for x in "ab"), "MemorySource: records .* got generator"),
+    (lambda: rf.EmbeddedBroker(port=70000), "EmbeddedBroker: port must be 1-65535"),
+    (lambda: rf.EmbeddedBroker(timeout_s=0), "EmbeddedBroker: timeout_s must be a number > 0"),
+])
+def test_a_source_or_broker_that_cannot_work_is_an_error_where_it_is_made(make, message):
+    """A negative count or a zero rate (a source that would wait forever), records that
+    are not a batch: refused where the spec is made, naming it and the field."""
+    with pytest.raises(ValueError, match=message):
+        make()
+
+
+def test_sources_take_numpy_numbers_and_arrays():
+    import numpy as np
+
+    assert rf.GeneratorSource(str, count=np.int64(3), rate=np.float64(2.0)).count == 3
+    assert len(rf.MemorySource(np.arange(4)).records) == 4

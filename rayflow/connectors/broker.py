@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rayflow._procs import alive, end_pid, free_port, port_free
-from rayflow.errors import RayflowError
+from rayflow.errors import RayflowError, check_number
 
 STATE_DIR = Path(os.environ.get("RAYFLOW_STATE_DIR", Path.home() / ".rayflow"))
 STATE_FILE = STATE_DIR / "broker.json"
@@ -100,6 +100,12 @@ class EmbeddedBroker:
     timeout_s: float = 20.0
     log_path: str | None = None
     _proc: subprocess.Popen | None = None
+
+    def __post_init__(self) -> None:
+        if self.port is not None and (isinstance(self.port, bool) or not isinstance(
+                self.port, int) or not 0 < self.port < 65536):
+            raise ValueError(f"EmbeddedBroker: port must be 1-65535 or None, got {self.port!r}")
+        check_number("EmbeddedBroker", "timeout_s", self.timeout_s)
 
     @property
     def bootstrap(self) -> str:

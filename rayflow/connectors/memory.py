@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import numbers
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -23,7 +24,7 @@ from rayflow.core.connectors import (
 )
 from rayflow.core.operators import Rescaled, StepContext
 from rayflow.core.records import Items, concat, num_rows
-from rayflow.errors import ConfigError
+from rayflow.errors import ConfigError, check_number
 
 
 def _no_rescale(spec: SourceSpec, resume_state: Any) -> None:
@@ -43,6 +44,13 @@ class MemorySource(SourceSpec):
     """
 
     records: Any
+
+    def __post_init__(self):
+        try:
+            num_rows(self.records)
+        except TypeError:
+            raise ValueError(f"MemorySource: records must be a list, a numpy array or an "
+                             f"Arrow table, got {type(self.records).__name__}") from None
 
     def build(self, ctx: StepContext, resume_state: Any = None) -> SourceReader:
         _no_rescale(self, resume_state)
@@ -92,6 +100,13 @@ class GeneratorSource(SourceSpec):
     rate: float | None = None
     columnar: bool = False
     timestamps: Callable[[np.ndarray], Any] | None = None
+
+    def __post_init__(self):
+        if self.count is not None and (isinstance(self.count, bool) or not isinstance(
+                self.count, numbers.Integral) or self.count < 0):
+            raise ValueError(f"GeneratorSource: count must be an int >= 0 or None, got "
+                             f"{self.count!r}")
+        check_number("GeneratorSource", "rate", self.rate, or_none=True)
 
     def build(self, ctx: StepContext, resume_state: Any = None) -> SourceReader:
         _no_rescale(self, resume_state)

@@ -36,6 +36,7 @@ import numpy as np
 
 from rayflow.core.operators import Logic, OperatorSpec, Output, StepContext, describe_exception
 from rayflow.core.records import rows
+from rayflow.errors import check_number
 from rayflow.operators.keyed import _GLOBAL, _StatefulLogic, check_ttl
 from rayflow.operators.queues import KeyDeadlines
 from rayflow.operators.windows import (
@@ -218,9 +219,7 @@ class IntervalJoin(OperatorSpec):
     def __post_init__(self):
         check_ttl(self.ttl_s)
         for name in ("lower_s", "upper_s"):
-            v = getattr(self, name)
-            if not isinstance(v, (int, float)) or not math.isfinite(v):
-                raise ValueError(f"interval_join: {name} must be a finite number, got {v!r}")
+            check_number("interval_join", name, getattr(self, name), above=None)
         if self.lower_s > self.upper_s:
             raise ValueError(f"interval_join: lower_s ({self.lower_s}) is above upper_s "
                              f"({self.upper_s})")

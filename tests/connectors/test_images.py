@@ -568,3 +568,21 @@ def test_kafka_round_trip_of_images_over_one_megabyte(ray_session, kafka_broker,
     assert job.metrics()["out"]["dead_letters"] == 3 == len(dead)
     assert all("exceeds the Kafka message limit" in d.reason for d in dead)
     assert {d.where for d in dead} == {"big0", "big1", "big2"}
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda: SyntheticImageSource(-1), "SyntheticImageSource: count must be an int >= 0"),
+    (lambda: SyntheticImageSource(2, size=(0, 5)), "SyntheticImageSource: size must be"),
+    (lambda: SyntheticImageSource(2, size=(4, 5, 6)), "SyntheticImageSource: size must be"),
+    (lambda: SyntheticImageSource(2, channels=2), "SyntheticImageSource: channels must be "
+                                                  "1, 3 or 4, got 2"),
+    (lambda: SyntheticImageSource(2, max_batch_bytes=0), "SyntheticImageSource: "
+                                                         "max_batch_bytes must be"),
+    (lambda: __import__("rayflow.connectors.images", fromlist=["x"]).KafkaImageSink(
+        "t", bootstrap="b", chunk_bytes=0), "KafkaImageSink: chunk_bytes must be a number > 0"),
+    (lambda: __import__("rayflow.connectors.images", fromlist=["x"]).KafkaImageSink(
+        "t", bootstrap="b", client="confluentt"), "KafkaImageSink: client='confluentt'"),
+])
+def test_an_image_source_or_sink_that_cannot_work_is_an_error_where_it_is_made(make, message):
+    with pytest.raises(ValueError, match=message):
+        make()

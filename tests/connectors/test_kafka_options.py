@@ -65,3 +65,23 @@ def test_one_word_options_pass_and_an_unknown_client_is_an_error():
     assert for_client("confluent", {"debug": "broker"}) == {"debug": "broker"}
     with pytest.raises(ConfigError, match="Kafka client 'rdkafka'"):
         for_client("rdkafka", {})
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda: __import__("rayflow").KafkaSource("t", bootstrap="b", start="earliestt"),
+     "KafkaSource: start='earliestt' is not one of .*; did you mean 'earliest'"),
+    (lambda: __import__("rayflow").KafkaSource("t", bootstrap="b", start="Latest"),
+     "KafkaSource: start='Latest' .*did you mean 'latest'"),
+    (lambda: __import__("rayflow").KafkaSource("t", bootstrap="b", commit_interval_s=0),
+     "KafkaSource: commit_interval_s must be a number > 0"),
+    (lambda: __import__("rayflow.connectors.images", fromlist=["x"]).KafkaImageSource(
+        "t", bootstrap="b", start="lates"),
+     "KafkaImageSource: start='lates' .*did you mean 'latest'"),
+    (lambda: __import__("rayflow.connectors.images", fromlist=["x"]).KafkaImageSource(
+        "t", bootstrap="b", max_pending_bytes=0),
+     "KafkaImageSource: max_pending_bytes must be a number > 0"),
+])
+def test_a_misspelt_start_or_a_bad_number_is_an_error_where_the_source_is_made(make, message):
+    """Not read as the default (a misspelt ``start`` read the topic from its beginning)."""
+    with pytest.raises(ValueError, match=message):
+        make()

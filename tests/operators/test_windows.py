@@ -167,6 +167,42 @@ def test_event_time_clock_rejects_source_only_settings():
         keyed.window("w", TumblingWindow(1.0), Count(), clock=EventTime(max_delay_s=2.0))
 
 
+@pytest.mark.parametrize("make, message", [
+    (lambda: TumblingWindow(0), "TumblingWindow: length_s must be a number > 0"),
+    (lambda: TumblingWindow(-1.0), "TumblingWindow: length_s must be a number > 0"),
+    (lambda: TumblingWindow(float("nan")), "TumblingWindow: length_s .* got nan"),
+    (lambda: TumblingWindow(float("inf")), "TumblingWindow: length_s .* got inf"),
+    (lambda: TumblingWindow("10"), "TumblingWindow: length_s .* got '10'"),
+    (lambda: TumblingWindow(True), "TumblingWindow: length_s .* got True"),
+    (lambda: TumblingWindow(1.0, align_s=float("nan")), "TumblingWindow: align_s"),
+    (lambda: SlidingWindow(10.0, 0), "SlidingWindow: slide_s must be a number > 0"),
+    (lambda: SlidingWindow(-10.0, 1.0), "SlidingWindow: length_s must be a number > 0"),
+    (lambda: SlidingWindow(10.0, -1.0), "SlidingWindow: slide_s"),
+    (lambda: SlidingWindow(10.0, 1.0, align_s=float("inf")), "SlidingWindow: align_s"),
+    (lambda: CountWindow(0), "CountWindow: size must be an int >= 1, got 0"),
+    (lambda: CountWindow(2.5), "CountWindow: size .* got 2.5"),
+    (lambda: CountWindow(True), "CountWindow: size .* got True"),
+    (lambda: SessionWindow(float("inf")), "SessionWindow: gap_s .* got inf"),
+    (lambda: EventTime(max_delay_s=float("nan")), "EventTime: max_delay_s .* got nan"),
+    (lambda: EventTime(idle_timeout_s=0), "EventTime: idle_timeout_s must be a number > 0 "
+                                          "or None"),
+])
+def test_a_window_or_clock_that_cannot_work_is_an_error_naming_it(make, message):
+    """A length that is zero, negative, not finite or not a number (a window of no time,
+    or one that never ends) is refused where the window is made, not met record by record
+    as a division by zero or windows that never close."""
+    with pytest.raises(ValueError, match=message):
+        make()
+
+
+def test_windows_take_numpy_numbers():
+    assert TumblingWindow(np.int64(5)).windows_of(7.0) == [(5.0, 10.0)]
+    assert SlidingWindow(np.float64(4.0), np.int32(2)).windows_of(5.0) == [(2.0, 6.0),
+                                                                         (4.0, 8.0)]
+    assert CountWindow(np.int64(3)).size == 3
+    assert EventTime(idle_timeout_s=None).idle_timeout_s is None
+
+
 def test_event_time_window_without_watermarks_upstream_is_an_error():
     from rayflow import CollectSink, Dataflow, MemorySource
     from rayflow.errors import ConfigError

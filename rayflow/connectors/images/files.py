@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import errno
 import fnmatch
+import numbers
 import os
 import time
 import uuid
@@ -29,6 +30,7 @@ from rayflow.core.operators import (
     Rescaled,
     StepContext,
 )
+from rayflow.errors import check_number
 
 # -- sources ---------------------------------------------------------------------------------
 
@@ -314,6 +316,22 @@ class SyntheticImageSource(SourceSpec):
     encode: str | None = None
     seed: int = 0
     max_batch_bytes: int = 4 * MiB
+
+    def __post_init__(self):
+        if isinstance(self.count, bool) or not isinstance(self.count, numbers.Integral) \
+                or self.count < 0:
+            raise ValueError(f"SyntheticImageSource: count must be an int >= 0, got "
+                             f"{self.count!r}")
+        sides = self.size if isinstance(self.size, tuple) else (self.size,)
+        if not 1 <= len(sides) <= 2 or not all(
+                isinstance(s, numbers.Integral) and not isinstance(s, bool) and s >= 1
+                for s in sides):
+            raise ValueError(f"SyntheticImageSource: size must be an int >= 1 or a "
+                             f"(height, width) of them, got {self.size!r}")
+        if self.channels not in (1, 3, 4):
+            raise ValueError(f"SyntheticImageSource: channels must be 1, 3 or 4, got "
+                             f"{self.channels!r}")
+        check_number("SyntheticImageSource", "max_batch_bytes", self.max_batch_bytes)
 
     def build(self, ctx: StepContext, resume_state: Any = None) -> SourceReader:
         return _SyntheticReader(self, ctx, int(resume_state or 0))

@@ -22,6 +22,7 @@ from rayflow.core.operators import (
     Rescaled,
     StepContext,
 )
+from rayflow.errors import check_number
 
 # -- Kafka: chunked images -------------------------------------------------------------------
 
@@ -81,6 +82,12 @@ class KafkaImageSink(SinkSpec):
     client: Literal["confluent", "kafka-python"] | None = None
     options: dict = field(default_factory=dict)
     threads: int | None = 1
+
+    def __post_init__(self) -> None:
+        from rayflow.connectors.kafka.clients import resolve_client
+
+        resolve_client(self.client, "KafkaImageSink")  # a misspelt client fails here
+        check_number("KafkaImageSink", "chunk_bytes", self.chunk_bytes)
 
     def build(self, ctx: StepContext, resume_state: Any = None) -> SinkWriter:
         from rayflow.connectors.kafka import KafkaSink
@@ -197,14 +204,25 @@ class KafkaImageSource(SourceSpec):
     max_image_bytes: int = 256 * MiB
     max_pending_bytes: int = 512 * MiB
 
-    def build(self, ctx: StepContext, resume_state: Any = None) -> SourceReader:
+    def __post_init__(self) -> None:
+        try:  # the options it reads Kafka with are checked as the Kafka source checks them
+            self._kafka()
+        except ValueError as exc:
+            raise ValueError(str(exc).replace("KafkaSource", "KafkaImageSource", 1)) from None
+        for name in ("max_image_bytes", "max_pending_bytes"):
+            check_number("KafkaImageSource", name, getattr(self, name))
+
+    def _kafka(self) -> Any:
+        """The Kafka source it reads through."""
         from rayflow.connectors.kafka import KafkaSource
 
+        return KafkaSource(self.topic, bootstrap=self.bootstrap, start=self.start,
+                           group_id=self.group_id, bounded=self.bounded, client=self.client,
+                           options=self.options, with_metadata=True)
+
+    def build(self, ctx: StepContext, resume_state: Any = None) -> SourceReader:
         offsets, skip = _split_resume_state(resume_state)
-        inner = KafkaSource(self.topic, bootstrap=self.bootstrap, start=self.start,
-                            group_id=self.group_id, bounded=self.bounded, client=self.client,
-                            options=self.options, with_metadata=True).build(ctx, offsets)
-        return _KafkaImageReader(self, inner, skip)
+        return _KafkaImageReader(self, self._kafka().build(ctx, offsets), skip)
 
 
 def _split_resume_state(state: Any) -> tuple[Any, dict[int, list[tuple[int, int]]]]:

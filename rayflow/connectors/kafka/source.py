@@ -8,7 +8,7 @@ import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, get_args
 
 import numpy as np
 
@@ -23,6 +23,7 @@ from rayflow.connectors.kafka.clients import (
 )
 from rayflow.core.connectors import SourceReader, SourceSpec
 from rayflow.core.operators import Rescaled, StepContext
+from rayflow.errors import check_number
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +81,12 @@ class KafkaSource(SourceSpec):
 
     def __post_init__(self):
         resolve_client(self.client, "KafkaSource")  # a misspelt client fails here
+        if self.start not in get_args(Start):
+            from rayflow.config import did_you_mean
+
+            raise ValueError(f"KafkaSource: start={self.start!r} is not one of "
+                             f"{list(get_args(Start))}{did_you_mean(str(self.start), get_args(Start))}")
+        check_number("KafkaSource", "commit_interval_s", self.commit_interval_s)
         given = [n for n in ("topic", "topics", "pattern") if getattr(self, n) is not None]
         if len(given) != 1:
             raise ValueError(f"KafkaSource: give exactly one of topic=, topics= or pattern= "

@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from rayflow.core.records import num_rows, rows
+from rayflow.errors import check_number
 
 
 @dataclass(frozen=True)
@@ -43,13 +44,8 @@ class EventTime:
     idle_timeout_s: float | None = 5.0
 
     def __post_init__(self):
-        if not isinstance(self.max_delay_s, (int, float)) or self.max_delay_s < 0:
-            raise ValueError(f"EventTime: max_delay_s must be a number >= 0, got "
-                             f"{self.max_delay_s!r}")
-        if self.idle_timeout_s is not None and (
-                not isinstance(self.idle_timeout_s, (int, float)) or self.idle_timeout_s <= 0):
-            raise ValueError(f"EventTime: idle_timeout_s must be a number > 0 or None, got "
-                             f"{self.idle_timeout_s!r}")
+        check_number("EventTime", "max_delay_s", self.max_delay_s, above=None, at_least=0.0)
+        check_number("EventTime", "idle_timeout_s", self.idle_timeout_s, or_none=True)
 
     @property
     def sets_watermarks(self) -> bool:

@@ -4,10 +4,13 @@ Pure."""
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import numpy as np
+
+from rayflow.errors import check_number
 
 
 @dataclass(frozen=True)
@@ -16,6 +19,11 @@ class CountWindow:
 
     size: int
 
+    def __post_init__(self):
+        if (isinstance(self.size, bool) or not isinstance(self.size, numbers.Integral)
+                or self.size < 1):
+            raise ValueError(f"CountWindow: size must be an int >= 1, got {self.size!r}")
+
 
 @dataclass(frozen=True)
 class TumblingWindow:
@@ -23,6 +31,10 @@ class TumblingWindow:
 
     length_s: float
     align_s: float = 0.0
+
+    def __post_init__(self):
+        check_number("TumblingWindow", "length_s", self.length_s)
+        check_number("TumblingWindow", "align_s", self.align_s, above=None)
 
     def windows_of(self, t: float) -> list[tuple[float, float]]:
         start = self.align_s + math.floor((t - self.align_s) / self.length_s) * self.length_s
@@ -47,6 +59,11 @@ class SlidingWindow:
     length_s: float
     slide_s: float
     align_s: float = 0.0
+
+    def __post_init__(self):
+        check_number("SlidingWindow", "length_s", self.length_s)
+        check_number("SlidingWindow", "slide_s", self.slide_s)
+        check_number("SlidingWindow", "align_s", self.align_s, above=None)
 
     def windows_of(self, t: float) -> list[tuple[float, float]]:
         last = self.align_s + math.floor((t - self.align_s) / self.slide_s) * self.slide_s
@@ -85,8 +102,7 @@ class SessionWindow:
     gap_s: float
 
     def __post_init__(self):
-        if not isinstance(self.gap_s, (int, float)) or not self.gap_s > 0:
-            raise ValueError(f"SessionWindow: gap_s must be a number > 0, got {self.gap_s!r}")
+        check_number("SessionWindow", "gap_s", self.gap_s)
 
 
 class WindowResult(NamedTuple):
