@@ -42,7 +42,15 @@ def _caller_keywords() -> tuple[str, tuple[str, ...]]:
     return "", ()
 
 
+def _user_fn(step_id: str, method: str, fn: Any) -> Any:
+    """``fn``, where it is callable: else a ConfigError naming the step and the method."""
+    if not callable(fn):
+        raise ConfigError(f"step {step_id!r}: {method}() needs a function, got {fn!r}")
+    return fn
+
+
 @dataclass(frozen=True)
+
 class Edge:
     """How records travel from ``upstream`` into a step."""
 
@@ -237,7 +245,8 @@ class Stream:
         """
         from rayflow.operators.stateless import BRANCH_REST, Branch
 
-        out = self._then(step_id, "operator", Branch(predicate), parallelism, on_error, options)
+        out = self._then(step_id, "operator", Branch(_user_fn(step_id, "branch", predicate)),
+                         parallelism, on_error, options)
         return out, out.side(BRANCH_REST)
 
     def _keyed_pair(self, step_id: str, what: str, right: Any) -> tuple[Edge, ...]:
@@ -343,7 +352,8 @@ class Stream:
         if self._partitioning != "hash" or self._key_fn is None:
             raise ConfigError(f"step {step_id!r}: enrich_cached() needs key_by(...) before it")
         try:
-            spec = EnrichCached(fn, self._key_fn, ttl_s, batch)
+            spec = EnrichCached(_user_fn(step_id, "enrich_cached", fn), self._key_fn, ttl_s,
+                                batch)
         except ValueError as exc:
             raise ConfigError(f"step {step_id!r}: {exc}") from None
         return self._then(step_id, "operator", spec, parallelism, on_error, options)
@@ -362,6 +372,9 @@ class Stream:
         key column is then hashed and windowed vectorized, not record by record."""
         if isinstance(key_fn, str):
             key_fn = Field(key_fn)
+        elif not callable(key_fn):
+            raise ConfigError(f"key_by() after step {self.step_id!r} needs a function or a "
+                              f"field name, got {key_fn!r}")
         return Stream(self.flow, self.step_id, "hash", key_fn, self._port)
 
     def rebalance(self) -> Stream:
@@ -424,7 +437,7 @@ class Stream:
         if self._partitioning != "hash" or self._key_fn is None:
             raise ConfigError(f"step {step_id!r}: stateful_map() needs key_by(...) before it")
         try:
-            spec = StatefulMap(fn, self._key_fn, ttl_s)
+            spec = StatefulMap(_user_fn(step_id, "stateful_map", fn), self._key_fn, ttl_s)
         except ValueError as exc:
             raise ConfigError(f"step {step_id!r}: {exc}") from None
         return self._then(step_id, "operator", spec, parallelism, on_error, options)
@@ -456,7 +469,8 @@ class Stream:
             raise ConfigError(f"step {step_id!r}: stateful_map_batches() needs key_by(...) "
                               f"before it")
         try:
-            spec = StatefulMapBatches(fn, self._key_fn, ttl_s)
+            spec = StatefulMapBatches(_user_fn(step_id, "stateful_map_batches", fn),
+                                      self._key_fn, ttl_s)
         except ValueError as exc:
             raise ConfigError(f"step {step_id!r}: {exc}") from None
         return self._then(step_id, "operator", spec, parallelism, on_error, options)
@@ -502,29 +516,34 @@ class Stream:
             >>> from rayflow import Dataflow, MemorySource, CollectSink
             >>> f = Dataflow("m"); f.source("in", MemorySource([1, 2])).map("sq", lambda x: x * x).sink("out", CollectSink())
         """
-        return self._then(step_id, "operator", Map(fn), parallelism, on_error, options)
+        return self._then(step_id, "operator", Map(_user_fn(step_id, "map", fn)),
+                          parallelism, on_error, options)
 
     def flat_map(self, step_id: str, fn: Callable[[Any], Any], *, parallelism: int | None = None,
                  on_error: OnError | None = None, **options: Any) -> Stream:
         """Apply ``fn`` to every record and emit each element of the iterable it returns."""
-        return self._then(step_id, "operator", FlatMap(fn), parallelism, on_error, options)
+        return self._then(step_id, "operator", FlatMap(_user_fn(step_id, "flat_map", fn)),
+                          parallelism, on_error, options)
 
     def filter(self, step_id: str, fn: Callable[[Any], bool], *, parallelism: int | None = None,
                on_error: OnError | None = None, **options: Any) -> Stream:
         """Keep the records for which ``fn`` returns true."""
-        return self._then(step_id, "operator", Filter(fn), parallelism, on_error, options)
+        return self._then(step_id, "operator", Filter(_user_fn(step_id, "filter", fn)),
+                          parallelism, on_error, options)
 
     def inspect(self, step_id: str, fn: Callable[[Any], Any], *, parallelism: int | None = None,
                 **options: Any) -> Stream:
         """Call ``fn`` on every record for its side effect (logging); records pass through."""
-        return self._then(step_id, "operator", Inspect(fn), parallelism, None, options)
+        return self._then(step_id, "operator", Inspect(_user_fn(step_id, "inspect", fn)),
+                          parallelism, None, options)
 
     def map_batches(self, step_id: str, fn: Callable[[Any], Any], *,
                     parallelism: int | None = None, on_error: OnError | None = None,
                     **options: Any) -> Stream:
         """Apply ``fn`` to a whole batch (a list, numpy array or Arrow table): the fast path
         for columnar work."""
-        return self._then(step_id, "operator", MapBatches(fn), parallelism, on_error, options)
+        return self._then(step_id, "operator", MapBatches(_user_fn(step_id, "map_batches", fn)),
+                          parallelism, on_error, options)
 
     def apply(self, step_id: str, spec: OperatorSpec, *, parallelism: int | None = None,
               on_error: OnError | None = None, **options: Any) -> Stream:

@@ -136,3 +136,29 @@ def test_sources_take_numpy_numbers_and_arrays():
 
     assert rf.GeneratorSource(str, count=np.int64(3), rate=np.float64(2.0)).count == 3
     assert len(rf.MemorySource(np.arange(4)).records) == 4
+
+
+def _keyed():
+    return Dataflow("fns").source("in", MemorySource([1, 2])).key_by(str)
+
+
+@pytest.mark.parametrize("add, message", [
+    (lambda s: s.map("m", 5), "step 'm': map\\(\\) needs a function, got 5"),
+    (lambda s: s.flat_map("fm", [1]), "step 'fm': flat_map\\(\\) needs a function"),
+    (lambda s: s.filter("f", None), "step 'f': filter\\(\\) needs a function, got None"),
+    (lambda s: s.inspect("i", "print"), "step 'i': inspect\\(\\) needs a function"),
+    (lambda s: s.map_batches("mb", 1.0), "step 'mb': map_batches\\(\\) needs a function"),
+    (lambda s: s.branch("b", True), "step 'b': branch\\(\\) needs a function"),
+    (lambda s: s.stateful_map("sm", "x"), "step 'sm': stateful_map\\(\\) needs a function"),
+    (lambda s: s.stateful_map_batches("smb", 0), "step 'smb': stateful_map_batches\\(\\)"),
+    (lambda s: s.enrich_cached("e", {}, ttl_s=1), "step 'e': enrich_cached\\(\\) needs a"),
+    (lambda s: s.key_by(7), "key_by\\(\\) after step 'in' needs a function or a field name"),
+    (lambda s: s.window("w", "tumbling", __import__("rayflow.operators.windows", fromlist=[
+        "x"]).Count()), "step 'w': window: the windower must be a CountWindow"),
+    (lambda s: s.window("w", TumblingWindow(1.0), sum),
+     "step 'w': window: the aggregator must be an Aggregator"),
+])
+def test_a_step_given_what_cannot_run_is_an_error_naming_it(add, message):
+    """Met when the flow is defined, not as an error in every record once it runs."""
+    with pytest.raises(ConfigError, match=message):
+        add(_keyed())

@@ -114,6 +114,13 @@ class Windowed(OperatorSpec):
 
     def __post_init__(self):
         check_ttl(self.ttl_s)
+        if not isinstance(self.windower, (CountWindow, TumblingWindow, SlidingWindow,
+                                          SessionWindow)):
+            raise ValueError(f"window: the windower must be a CountWindow, TumblingWindow, "
+                             f"SlidingWindow or SessionWindow, got {self.windower!r}")
+        if not isinstance(self.aggregator, Aggregator):
+            raise ValueError(f"window: the aggregator must be an Aggregator (Count(), Sum(...), "
+                             f"MinMax(...), Reduce(...) or a subclass), got {self.aggregator!r}")
 
     @property
     def event_time(self) -> bool:
