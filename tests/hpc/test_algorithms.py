@@ -71,6 +71,14 @@ def test_cannon_rejects_non_square_rank_counts_before_starting(ranks):
         cannon_matmul(a, b, ranks=ranks)
 
 
+@pytest.mark.parametrize("grid", [2.5, "2", True])
+def test_cannon_rejects_a_grid_that_is_not_an_int(grid):
+    """Not rounded to another grid (2.5 ran on a 2 x 2 grid)."""
+    a, b = _mats(4, 4, 4)
+    with pytest.raises(ValueError, match="cannon_matmul: grid must be an int"):
+        cannon_matmul(a, b, grid=grid)
+
+
 def test_cannon_rejects_mismatched_grid(ray_session):
     a, b = _mats(4, 4, 4)
     with pytest.raises(ValueError, match="Cannon needs"):

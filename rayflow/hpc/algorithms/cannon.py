@@ -11,6 +11,7 @@ receives the next pair after it.
 
 from __future__ import annotations
 
+import numbers
 from typing import Any, cast
 
 import numpy as np
@@ -106,6 +107,9 @@ def cannon_matmul(
     if ranks is not None:
         p = grid_side(ranks)
     elif grid is not None:
+        if isinstance(grid, bool) or not isinstance(grid, numbers.Integral):
+            raise ValueError(f"cannon_matmul: grid must be an int (the grid's side), got "
+                             f"{grid!r}")
         p = int(grid)
     elif isinstance(a, BlockDataset):
         p = grid_side(a.num_blocks)
