@@ -11,8 +11,10 @@ Covered, with mpi4py's names and signatures: communicators (``Get_rank``, ``Get_
 ``Shift``, ``Sub``), the lowercase pickle methods (``send``, ``recv``, ``isend``, ``irecv``,
 ``sendrecv``, ``bcast``, ``scatter``, ``gather``, ``allgather``, ``alltoall``, ``reduce``,
 ``allreduce``, ``barrier``) with tags, :data:`ANY_SOURCE`, :data:`ANY_TAG` and
-:class:`Status`, and the uppercase buffer methods on numpy arrays or ``[buf, MPI.DOUBLE]``
-specs (``Send`` ... ``Reduce_scatter_block``, :data:`IN_PLACE`, :class:`Request`).
+:class:`Status`, ``probe``/``iprobe``, and the uppercase buffer methods on numpy arrays or
+``[buf, MPI.DOUBLE]`` specs (``Send`` ... ``Reduce_scatter_block``, the vector collectives
+``Gatherv``, ``Scatterv``, ``Allgatherv``, ``Alltoallv`` and ``Reduce_scatter`` on
+``[buf, counts, displs, type]`` specs, :data:`IN_PLACE`, :class:`Request`).
 
 Point-to-point follows MPI's matching rules: messages between a pair of ranks in one
 communicator are numbered, and a receive takes the first message that matches its source
@@ -24,8 +26,8 @@ Collectives run on :class:`rayflow.hpc.comm.Communicator` and are matched in cal
 
 Not supported, raising ``NotImplementedError`` naming the feature: one-sided communication
 (``Win``), MPI-IO (``File``), intercommunicators and dynamic processes (``Spawn``,
-``Intercomm``), graph topologies, derived datatypes, vector collectives (``Gatherv`` ...),
-persistent and matched-probe requests, and buffer ``MAXLOC``/``MINLOC`` (the lowercase
+``Intercomm``), graph topologies, derived datatypes (``Alltoallw``), persistent requests
+and matched probes (``mprobe``), and buffer ``MAXLOC``/``MINLOC`` (the lowercase
 methods support them on ``(value, index)`` pairs).
 
 No Ray is imported by this module. It is one module, over 1,000 lines, because it mirrors
@@ -250,8 +252,9 @@ def _buffer(spec: Any, where: str, writable: bool = False) -> tuple[np.ndarray, 
         elif len(spec) == 3:
             buf, count, dtype = spec
             if isinstance(count, (list, tuple)):
-                raise NotImplementedError(f"{where}: vector buffer specs [buf, (counts, displs), "
-                                          "type] (the v-variants) are not supported")
+                raise ValueError(f"{where}: a vector buffer spec [buf, (counts, displs), type] "
+                                 "is for the v-variants (Gatherv ...); this call takes [buf, "
+                                 "count, type]")
         else:
             raise ValueError(f"{where}: a buffer spec is buf, [buf, type] or [buf, count, type]; "
                              f"got a {type(spec).__name__} of {len(spec)} items")
@@ -279,6 +282,67 @@ def _buffer(spec: Any, where: str, writable: bool = False) -> tuple[np.ndarray, 
             raise ValueError(f"{where}: count {count} outside a buffer of {flat.size} items")
         flat = flat[:count]
     return flat, dtype
+
+
+def _is_seq(x: Any) -> bool:
+    return isinstance(x, (list, tuple, np.ndarray))
+
+
+def _vblocks(spec: Any, parts: int, where: str, writable: bool = False) -> list[np.ndarray]:
+    """The ``parts`` blocks (views) of a vector buffer spec, as mpi4py reads them: ``buf``
+    or ``[buf, type]`` (equal blocks), ``[buf, counts]``, ``[buf, counts, type]``, ``[buf,
+    (counts, displs)]``, ``[buf, (counts, displs), type]`` or ``[buf, counts, displs,
+    type]``; ``counts`` a sequence (one per rank) or one int for every rank, ``displs``
+    (offsets in items) the blocks one after the other where omitted or None."""
+    counts: Any = None
+    displs: Any = None
+    if isinstance(spec, (list, tuple)):
+        if not spec:
+            raise ValueError(f"{where}: an empty buffer spec")
+        buf, rest = spec[0], list(spec[1:])
+        dtype = rest.pop() if rest and isinstance(rest[-1], Datatype) else None
+        if len(rest) == 1:
+            cd = rest[0]
+            if isinstance(cd, tuple) and len(cd) == 2 and (_is_seq(cd[0]) or cd[1] is None):
+                counts, displs = cd
+            else:
+                counts = cd
+        elif len(rest) == 2:
+            counts, displs = rest
+        elif rest:
+            raise ValueError(f"{where}: a vector buffer spec is [buf, counts, displs, type] "
+                             f"at most; got {len(spec)} items")
+        flat, _ = _buffer(buf if dtype is None else [buf, dtype], where, writable)
+    else:
+        flat, _ = _buffer(spec, where, writable)
+    if counts is None:
+        return _chunks(flat, parts, where)
+    counts = [counts] * parts if isinstance(counts, (int, np.integer)) else list(counts)
+    if len(counts) != parts or not all(isinstance(n, (int, np.integer)) and n >= 0
+                                       for n in counts):
+        raise ValueError(f"{where}: counts must be {parts} ints >= 0 (one per rank), got "
+                         f"{counts!r}")
+    if displs is None:
+        displs = np.concatenate([[0], np.cumsum(counts[:-1], dtype=np.int64)]).tolist()
+    displs = list(displs) if _is_seq(displs) else None
+    if displs is None or len(displs) != parts or not all(
+            isinstance(d, (int, np.integer)) and d >= 0 for d in displs):
+        raise ValueError(f"{where}: displs must be {parts} ints >= 0 (one per rank)")
+    for r, (n, d) in enumerate(zip(counts, displs)):
+        if d + n > flat.size:
+            raise ValueError(f"{where}: block {r} (displacement {d}, count {n}) ends past a "
+                             f"buffer of {flat.size} items")
+    return [flat[int(d):int(d) + int(n)] for n, d in zip(counts, displs)]
+
+
+def _copy_block(block: np.ndarray, got: Any, where: str, rank: int) -> None:
+    """Copy what rank ``rank`` sent into its block, which must hold exactly as many items
+    (a collective's counts agree on every rank, as MPI requires)."""
+    got = np.asarray(got)
+    if got.size != block.size:
+        raise ValueError(f"{where}: rank {rank} sent {got.size} items where this rank's "
+                         f"counts give its block {block.size}")
+    _copy_into(block, got, where)
 
 
 def _chunks(flat: np.ndarray, parts: int, where: str) -> list[np.ndarray]:
@@ -685,8 +749,8 @@ class Comm:
             try_recv = getattr(c._t, "try_recv", None)
             if try_recv is None:
                 raise NotImplementedError(
-                    f"ANY_SOURCE and Request.Test need a transport that can look for a message "
-                    f"without blocking (try_recv); the {c.backend!r} backend has none"
+                    f"ANY_SOURCE, Request.Test and iprobe need a transport that can look for a "
+                    f"message without blocking (try_recv); the {c.backend!r} backend has none"
                 )
             got = try_recv(c._members[src], key)
             if got is _transport.NO_MESSAGE:
@@ -702,6 +766,20 @@ class Comm:
         if source == PROC_NULL:
             return Request(None, PROC_NULL, ANY_TAG, buf, where)
         req = Request(self, source, tag, buf, where)
+        best = self._find_unmatched(source, tag)
+        if best is not None:
+            _, src, j = best
+            _, t, obj, is_buffer = self._unmatched[src][j]
+            del self._unmatched[src][j]
+            req._complete(src, t, obj, is_buffer)
+        else:
+            self._posted.append(req)
+        return req
+
+    def _find_unmatched(self, source: int, tag: int) -> tuple[int, int, int] | None:
+        """The message kept (arrived, not matched yet) that a receive from ``source`` with
+        ``tag`` takes: the first to arrive of those that match, as ``(arrival, source,
+        index in its source's list)``; None if none."""
         best = None
         for src, box in self._unmatched.items():
             if source not in (ANY_SOURCE, src):
@@ -711,14 +789,7 @@ class Comm:
                     if best is None or arrival < best[0]:
                         best = (arrival, src, j)
                     break
-        if best is not None:
-            _, src, j = best
-            _, t, obj, is_buffer = self._unmatched[src][j]
-            del self._unmatched[src][j]
-            req._complete(src, t, obj, is_buffer)
-        else:
-            self._posted.append(req)
-        return req
+        return best
 
     def _peers(self) -> list[int]:
         c = self._c
@@ -793,13 +864,63 @@ class Comm:
 
     def probe(self, source: int = ANY_SOURCE, tag: int = ANY_TAG,
               status: Status | None = None) -> bool:
-        raise NotImplementedError("probe/iprobe are not supported by rayflow's MPI")
+        """Wait until a message from ``source`` with ``tag`` (wildcards allowed) can be
+        received, and describe it in ``status`` without receiving it: the next receive
+        with the same source and tag gets that message."""
+        return self._probe(source, tag, status, True, "probe")
 
-    iprobe = probe
+    def iprobe(self, source: int = ANY_SOURCE, tag: int = ANY_TAG,
+               status: Status | None = None) -> bool:
+        """Whether a message from ``source`` with ``tag`` can be received now (``status``
+        describes it); nothing is received."""
+        return self._probe(source, tag, status, False, "iprobe")
+
     Probe = probe
-    Iprobe = probe
-    mprobe = probe
-    improbe = probe
+    Iprobe = iprobe
+
+    def _probe(self, source: int, tag: int, status: Status | None, block: bool,
+               where: str) -> bool:
+        source = self._check_peer(source, "source", wildcard=True)
+        tag = self._check_tag(tag, "tag", wildcard=True)
+        if source == PROC_NULL:  # (MPI: at once, from PROC_NULL, with no items)
+            if status is not None:
+                status._set(PROC_NULL, ANY_TAG, np.empty(0), True)
+            return True
+        rank = self._c.rank
+        peers = [p for p in (self._peers() if source == ANY_SOURCE else [source])
+                 if p != rank]
+        delay = _POLL_MIN_S
+        while True:
+            hit = self._find_unmatched(source, tag)
+            if hit is not None:
+                if status is not None:
+                    _, src, j = hit
+                    _, t, obj, is_buffer = self._unmatched[src][j]
+                    status._set(src, t, obj, is_buffer)
+                return True
+            if block and not peers:
+                raise Exception(f"deadlock: {where} on rank {rank} waits for a message that "
+                                f"no other rank can send", ERR_OTHER)
+            if block and source != ANY_SOURCE:
+                self._pull(source, block=True)  # the next message from it, whichever tag
+                continue
+            before = next(self._arrivals)
+            for src in peers:
+                while self._pull(src, block=False):
+                    pass
+            if self._find_unmatched(source, tag) is not None:
+                continue
+            if not block:
+                return False
+            if next(self._arrivals) - before > 1:  # something came: look again at once
+                delay = _POLL_MIN_S
+                continue
+            wait = getattr(self._c._t, "wait_any", None)
+            if wait is not None:
+                wait(delay)
+            else:
+                time.sleep(delay)
+            delay = min(delay * 2, _POLL_MAX_S)
 
     # ------------------------------------------------------------ point-to-point, buffers
     def Send(self, buf: Any, dest: int, tag: int = 0) -> None:  # noqa: N802
@@ -1028,6 +1149,90 @@ class Comm:
         got = c.alltoall([p.copy() for p in parts])
         _copy_into(recvflat, _fold(got, op, "Reduce_scatter_block"), "Reduce_scatter_block")
 
+    # ------------------------------------------------------------ vector collectives
+    def Gatherv(self, sendbuf: Any, recvbuf: Any, root: int = 0) -> None:  # noqa: N802
+        """Every rank's send buffer, of its own length, into the root's block for it
+        (``recvbuf`` a vector spec: ``[buf, counts, displs, type]`` ...)."""
+        c = self._c
+        is_root = c.rank == root
+        mine, blocks, error = None, None, None
+        try:
+            if is_root:
+                blocks = _vblocks(recvbuf, c.size, "Gatherv", writable=True)
+            if sendbuf is IN_PLACE:
+                if not is_root:
+                    raise ValueError("Gatherv: IN_PLACE is for the root's send buffer only")
+                mine = blocks[root].copy()  # type: ignore[index]  # (the root has blocks)
+            else:
+                mine = _buffer(sendbuf, "Gatherv")[0]
+        except builtins.Exception as err:  # every rank raises it
+            error = err
+        vals = c._gather(mine, root, "Gatherv", None, error)
+        if vals is not None:  # (only at the root, which has blocks)
+            for r, (block, v) in enumerate(zip(blocks, vals)):  # type: ignore[arg-type]
+                _copy_block(block, v, "Gatherv", r)
+
+    def Scatterv(self, sendbuf: Any, recvbuf: Any, root: int = 0) -> None:  # noqa: N802
+        """The root's block for each rank (``sendbuf`` a vector spec) into that rank's
+        receive buffer."""
+        c = self._c
+        is_root = c.rank == root
+        parts, recvflat, error = None, None, None
+        try:
+            if is_root:
+                parts = [b.copy() for b in _vblocks(sendbuf, c.size, "Scatterv")]
+            if recvbuf is IN_PLACE:
+                if not is_root:
+                    raise ValueError("Scatterv: IN_PLACE is for the root's receive buffer only")
+            else:
+                recvflat = _buffer(recvbuf, "Scatterv", writable=True)[0]
+        except builtins.Exception as err:  # every rank raises it
+            error = err
+        got = c._scatter(parts, root, "Scatterv", None, error)
+        if recvflat is not None:
+            _copy_into(recvflat, got, "Scatterv")
+
+    def Allgatherv(self, sendbuf: Any, recvbuf: Any) -> None:  # noqa: N802
+        """Every rank's send buffer, of its own length, into every rank's block for it."""
+        c = self._c
+        blocks = _vblocks(recvbuf, c.size, "Allgatherv", writable=True)
+        mine = blocks[c.rank].copy() if sendbuf is IN_PLACE else \
+            _buffer(sendbuf, "Allgatherv")[0]
+        for r, (block, v) in enumerate(zip(blocks, c.allgather(mine))):
+            _copy_block(block, v, "Allgatherv", r)
+
+    def Alltoallv(self, sendbuf: Any, recvbuf: Any) -> None:  # noqa: N802
+        """Block ``r`` of each rank's send buffer to rank ``r``, into its block for the
+        sender (both vector specs)."""
+        c = self._c
+        blocks = _vblocks(recvbuf, c.size, "Alltoallv", writable=True)
+        parts = [b.copy() for b in (blocks if sendbuf is IN_PLACE else
+                                    _vblocks(sendbuf, c.size, "Alltoallv"))]
+        for r, (block, v) in enumerate(zip(blocks, c.alltoall(parts))):
+            _copy_block(block, v, "Alltoallv", r)
+
+    def Reduce_scatter(self, sendbuf: Any, recvbuf: Any,  # noqa: N802
+                       recvcounts: Sequence[int] | None = None, op: Op = SUM) -> None:
+        """Reduce every rank's send buffer elementwise, then rank ``r`` keeps the
+        ``recvcounts[r]`` items of block ``r`` (by default each rank's receive buffer
+        length). With ``IN_PLACE`` the receive buffer holds the input, and ``recvcounts``
+        is needed; the result goes to its start."""
+        op = self._buffer_op(op, "Reduce_scatter")
+        c = self._c
+        recvflat, _ = _buffer(recvbuf, "Reduce_scatter", writable=True)
+        if recvcounts is None:
+            if sendbuf is IN_PLACE:
+                raise ValueError("Reduce_scatter: IN_PLACE needs recvcounts (the receive "
+                                 "buffer holds the whole input)")
+            recvcounts = c.allgather(int(recvflat.size))
+        sendflat = self._send_flat(sendbuf, recvflat, "Reduce_scatter")
+        if sum(recvcounts) != sendflat.size:
+            raise ValueError(f"Reduce_scatter: recvcounts {list(recvcounts)} add up to "
+                             f"{sum(recvcounts)} items; the send buffer has {sendflat.size}")
+        parts = [b.copy() for b in _vblocks([sendflat, list(recvcounts)], c.size,
+                                            "Reduce_scatter")]
+        _copy_into(recvflat, _fold(c.alltoall(parts), op, "Reduce_scatter"), "Reduce_scatter")
+
     def _unsupported(name: str, what: str) -> Callable:  # type: ignore[misc]  # noqa: N805 - a class-body helper
         def method(self: Comm, *args: Any, **kwargs: Any) -> Any:
             raise NotImplementedError(f"Comm.{name} ({what}) is not supported by rayflow's MPI")
@@ -1035,8 +1240,9 @@ class Comm:
         method.__name__ = name
         return method
 
-    for _n in ("Gatherv", "Scatterv", "Allgatherv", "Alltoallv", "Alltoallw", "Reduce_scatter"):
-        locals()[_n] = _unsupported(_n, "vector collectives")
+    locals()["Alltoallw"] = _unsupported("Alltoallw", "derived datatypes per block")
+    for _n in ("mprobe", "improbe", "Mprobe", "Improbe"):
+        locals()[_n] = _unsupported(_n, "matched probes")
     for _n in ("Ibarrier", "Ibcast", "Igather", "Iscatter", "Iallgather", "Ialltoall",
                "Ireduce", "Iallreduce", "Ireduce_scatter_block"):
         locals()[_n] = _unsupported(_n, "non-blocking collectives")

@@ -35,6 +35,13 @@ class ThreadTransport:
         for d in dests:
             self.send(d, key, obj)
 
+    def try_recv(self, src, key):
+        """The message, or ``NO_MESSAGE`` at once (ANY_SOURCE, ``iprobe``, Request.Test)."""
+        from rayflow.hpc.backends.transport import NO_MESSAGE
+
+        with self.hub.cond:
+            return self.hub.box.pop((self.rank, src, key), NO_MESSAGE)
+
     def recv(self, src, key):
         with self.hub.cond:
             if not self.hub.cond.wait_for(lambda: (self.rank, src, key) in self.hub.box,

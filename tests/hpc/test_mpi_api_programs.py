@@ -1,4 +1,5 @@
-"""Three unmodified mpi4py programs (compute pi, a ring, a matvec with Allgather) run by
+"""Four unmodified mpi4py programs (compute pi, a ring, a matvec with Allgather, uneven rows
+with Scatterv/Gatherv and a manager that sizes results with Probe) run by
 ``run_mpi`` on a shared gang (each backend) and by ``rayflow mpirun`` in a subprocess; outputs against numpy."""
 
 from __future__ import annotations
@@ -72,6 +73,23 @@ def test_matvec_with_allgather(gang, tmp_path):
     np.testing.assert_allclose(np.load(out), matvec_reference(5, 3), rtol=1e-12)
 
 
+def rows_reference(n: int, size: int) -> list[str]:
+    sums = np.arange(n * 4, dtype="d").reshape(n, 4).sum(axis=1)
+    tasks = range(1, 2 * size) if size > 1 else ()
+    return ["[0] row sums " + " ".join(f"{s:g}" for s in sums),
+            "[0] tasks " + " ".join(f"{t}:{t * (t + 1) // 2}" for t in tasks)]
+
+
+def test_uneven_rows_with_scatterv_gatherv_and_a_probing_manager(gang):
+    if gang.backend == "gloo":  # its manager probes ANY_SOURCE, which gloo cannot
+        from rayflow.hpc import MPIRunError
+
+        with pytest.raises(MPIRunError, match="ANY_SOURCE, Request.Test and iprobe need"):
+            _run(gang, "rows.py", "7")
+        return
+    assert _run(gang, "rows.py", "7") == rows_reference(7, gang.size)
+
+
 @pytest.mark.parametrize("size", [1, 5])
 @pytest.mark.slow_with(gang="gloo", size=5)  # ray-5 and gloo-1 stay in the suite
 def test_the_programs_on_one_and_five_ranks(gang, size, tmp_path):
@@ -86,6 +104,8 @@ def test_the_programs_on_one_and_five_ranks(gang, size, tmp_path):
         out = tmp_path / "y.npy"
         assert _run(g, "matvec.py", "3", str(out)) == ["[0] saved"]
         np.testing.assert_allclose(np.load(out), matvec_reference(3, size), rtol=1e-12)
+        if size == 1 or gang.backend != "gloo":  # (its manager probes ANY_SOURCE)
+            assert _run(g, "rows.py", "7") == rows_reference(7, size)
 
 
 def _mpirun(n, *argv, check=True):

@@ -1,0 +1,202 @@
+"""mpi4py's vector collectives (``Gatherv``, ``Scatterv``, ``Allgatherv``, ``Alltoallv``,
+``Reduce_scatter``) and ``probe``/``iprobe`` on ``rayflow.hpc.MPI``, ranks as threads (no
+Ray), against numpy. The same calls on a Ray gang are in ``test_mpi_api.py``."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+
+from rayflow.hpc import MPI
+from rayflow.hpc.comm import Communicator
+from tests.hpc._threads import Hub, ThreadTransport
+
+
+def run_ranks(size, fn, check_roots=False):
+    hub = Hub(size)
+    with ThreadPoolExecutor(size) as ex:
+        futs = [ex.submit(fn, MPI.Intracomm(Communicator(ThreadTransport(hub, r),
+                                                          check_roots=check_roots)))
+                for r in range(size)]
+        out = [f.result() for f in futs]
+    assert not hub.box, f"undelivered messages: {list(hub.box)}"
+    return out
+
+
+def _counts(p):
+    return [r + 1 for r in range(p)]  # rank r's block: r + 1 items
+
+
+@pytest.mark.parametrize("size", [1, 2, 3, 4])
+def test_scatterv_and_gatherv_move_blocks_of_their_own_lengths(size):
+    counts = _counts(size)
+    data = np.arange(sum(counts), dtype="f8") * 1.5
+    starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
+
+    def fn(c):
+        r, p = c.rank, c.size
+        out = {}
+        got = np.full(r + 1, -1.0)
+        c.Scatterv([data, counts, MPI.DOUBLE] if r == 0 else None, got, root=0)
+        out["scatterv"] = got.tolist()
+        # blocks in reverse order, with a gap of 2 before each: explicit displacements
+        displs = [sum(counts[q + 1:]) + 2 * (p - q) for q in range(p)]
+        rev = np.full(sum(counts) + 2 * p + 1, -7, dtype="i8")
+        for q in range(p):
+            rev[displs[q]:displs[q] + counts[q]] = 10 * q + np.arange(counts[q])
+        got2 = np.zeros(r + 1, dtype="i8")
+        c.Scatterv([rev, (counts, displs), MPI.INT64_T] if r == p - 1 else None, got2,
+                   root=p - 1)
+        out["scatterv_displs"] = got2.tolist()
+        mine = np.full(r + 1, r, dtype="i4")
+        g = np.full(sum(counts) + 2 * p + 1, -1, dtype="i4")
+        c.Gatherv(mine, [g, counts, displs, MPI.INT] if r == 0 else None, root=0)
+        out["gatherv"] = g.tolist()
+        return out
+
+    vals = run_ranks(size, fn)
+    displs = [sum(counts[q + 1:]) + 2 * (size - q) for q in range(size)]
+    want_g = np.full(sum(counts) + 2 * size + 1, -1)
+    for q in range(size):
+        want_g[displs[q]:displs[q] + counts[q]] = q
+    for r, v in enumerate(vals):
+        assert v["scatterv"] == data[starts[r]:starts[r] + counts[r]].tolist()
+        assert v["scatterv_displs"] == (10 * r + np.arange(counts[r])).tolist()
+        if r == 0:
+            assert v["gatherv"] == want_g.tolist()
+
+
+@pytest.mark.parametrize("size", [1, 2, 3, 4])
+def test_allgatherv_alltoallv_and_reduce_scatter_match_numpy(size):
+    counts = _counts(size)
+
+    def fn(c):
+        r, p = c.rank, c.size
+        out = {}
+        ag = np.zeros(sum(counts))
+        start = sum(counts[:r])
+        ag[start:start + r + 1] = r + 0.25
+        c.Allgatherv(MPI.IN_PLACE, [ag, counts])
+        out["allgatherv_inplace"] = ag.tolist()
+        ag2 = np.zeros(sum(counts))
+        c.Allgatherv(np.full(r + 1, -r, dtype="f8"), [ag2, (counts, None), MPI.DOUBLE])
+        out["allgatherv"] = ag2.tolist()
+        # rank r sends q a block of r + q + 1 items, 100 r + q each
+        scounts = [r + q + 1 for q in range(p)]
+        send = np.concatenate([np.full(n, 100 * r + q) for q, n in enumerate(scounts)])
+        rcounts = [q + r + 1 for q in range(p)]
+        recv = np.zeros(sum(rcounts), dtype=send.dtype)
+        c.Alltoallv([send, scounts], [recv, rcounts])
+        out["alltoallv"] = recv.tolist()
+        x = np.arange(float(sum(counts))) * (r + 1)
+        rs = np.zeros(r + 1)
+        c.Reduce_scatter(x, rs, counts, op=MPI.SUM)
+        out["reduce_scatter"] = rs.tolist()
+        rs2 = np.zeros(r + 1)
+        c.Reduce_scatter(x, rs2, op=MPI.MAX)  # counts: each rank's buffer length
+        out["reduce_scatter_max"] = rs2.tolist()
+        ip = x.copy()
+        c.Reduce_scatter(MPI.IN_PLACE, ip, counts, op=MPI.SUM)
+        out["reduce_scatter_inplace"] = ip[:r + 1].tolist()
+        return out
+
+    vals = run_ranks(size, fn)
+    total = sum(np.arange(float(sum(counts))) * (q + 1) for q in range(size))
+    top = np.arange(float(sum(counts))) * size
+    for r, v in enumerate(vals):
+        assert v["allgatherv_inplace"] == [q + 0.25 for q in range(size) for _ in range(q + 1)]
+        assert v["allgatherv"] == [-float(q) for q in range(size) for _ in range(q + 1)]
+        assert v["alltoallv"] == [100 * q + r for q in range(size) for _ in range(q + r + 1)]
+        start = sum(counts[:r])
+        assert v["reduce_scatter"] == total[start:start + r + 1].tolist()
+        assert v["reduce_scatter_max"] == top[start:start + r + 1].tolist()
+        assert v["reduce_scatter_inplace"] == total[start:start + r + 1].tolist()
+
+
+def test_vector_specs_that_do_not_fit_are_named():
+    """With the roots checked (``hpc.check_collectives``), the root's error reaches every
+    rank, as it does for ``Scatter``; without, the root raises and the run stops."""
+    def fn(c):
+        r = c.rank
+        errors = []
+        for call in (
+            lambda: c.Scatterv([np.zeros(3), [1, 1, 1]] if r == 0 else None, np.zeros(1)),
+            lambda: c.Scatterv([np.zeros(3), [2, 2]] if r == 0 else None, np.zeros(2)),
+            lambda: c.Scatterv([np.zeros(3), ([1, 1], [0, -1])] if r == 0 else None,
+                               np.zeros(1)),
+        ):
+            try:
+                call()
+            except ValueError as exc:
+                errors.append(str(exc))
+        # rank 1 sends 3 items where the root's counts give it 2: named at the root
+        try:
+            c.Gatherv(np.zeros(3 if r == 1 else 1), [np.zeros(3), [1, 2]] if r == 0 else None)
+        except ValueError as exc:
+            errors.append(str(exc))
+        return errors
+
+    root, other = run_ranks(2, fn, check_roots=True)
+    assert "counts must be 2 ints >= 0" in root[0] and "counts must be 2" in other[0]
+    assert "block 1 (displacement 2, count 2) ends past a buffer of 3 items" in root[1]
+    assert "displs must be 2 ints >= 0" in root[2]
+    assert root[3] == "Gatherv: rank 1 sent 3 items where this rank's counts give its block 2"
+    assert len(other) == 3  # (the Gatherv mismatch is seen where the blocks are)
+
+
+def test_probe_describes_the_next_message_without_receiving_it():
+    def fn(c):
+        r = c.rank
+        out = {}
+        if r == 0:
+            c.send({"big": list(range(50))}, dest=1, tag=3)
+            c.Send(np.arange(5.0), dest=1, tag=7)
+            c.recv(source=1, tag=9)  # rank 1 is done probing before the last message
+            c.Send(np.arange(2, dtype="i4"), dest=1, tag=8)
+        elif r == 1:
+            st = MPI.Status()
+            out["iprobe_none"] = c.iprobe(source=0, tag=99)  # never sent
+            assert c.Probe(source=0, tag=7, status=st) is True
+            out["probe7"] = (st.Get_source(), st.Get_tag(), st.Get_count(MPI.DOUBLE))
+            buf = np.empty(st.Get_count(MPI.DOUBLE))
+            c.Recv(buf, source=st.Get_source(), tag=st.Get_tag())
+            out["recv7"] = buf.tolist()
+            st2 = MPI.Status()
+            c.probe(source=MPI.ANY_SOURCE, tag=MPI.ANY_TAG, status=st2)
+            out["probe_any"] = (st2.Get_source(), st2.Get_tag())
+            out["iprobe3"] = c.iprobe(source=0, tag=3)
+            out["recv3"] = c.recv(source=0, tag=3)["big"][-1]
+            c.send("done", dest=0, tag=9)
+            st3 = MPI.Status()
+            c.Probe(source=0, tag=MPI.ANY_TAG, status=st3)
+            out["probe8"] = (st3.Get_tag(), st3.Get_count(MPI.INT))
+            got = np.zeros(2, dtype="i4")
+            c.Recv(got, source=0, tag=8)
+            out["recv8"] = got.tolist()
+            st4 = MPI.Status()
+            out["proc_null"] = (c.iprobe(source=MPI.PROC_NULL, status=st4),
+                                st4.Get_source(), st4.Get_count())
+        return out
+
+    vals = run_ranks(2, fn)
+    v = vals[1]
+    assert v["iprobe_none"] is False
+    assert v["probe7"] == (0, 7, 5) and v["recv7"] == [0.0, 1.0, 2.0, 3.0, 4.0]
+    # the tag-3 object came first and is still there, for a probe and then a receive
+    assert v["probe_any"] == (0, 3) and v["iprobe3"] is True and v["recv3"] == 49
+    assert v["probe8"] == (8, 2) and v["recv8"] == [0, 1]
+    assert v["proc_null"] == (True, MPI.PROC_NULL, 0)
+
+
+def test_a_probe_no_rank_can_answer_is_a_deadlock_error():
+    def fn(c):
+        assert c.iprobe() is False
+        with pytest.raises(MPI.Exception, match="deadlock: probe on rank 0"):
+            c.probe(source=MPI.ANY_SOURCE)
+        c.send("me", dest=0, tag=4)  # a message to itself is found
+        st = MPI.Status()
+        return c.probe(source=0, tag=4, status=st), st.Get_tag(), c.recv(source=0, tag=4)
+
+    assert run_ranks(1, fn) == [(True, 4, "me")]
