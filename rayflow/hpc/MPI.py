@@ -7,12 +7,13 @@ import MPI`` resolves to this module and ``COMM_WORLD`` spans the gang. Anywhere
 ``COMM_WORLD`` is a world of one rank, as mpi4py's singleton start without ``mpiexec``.
 
 Covered, with mpi4py's names and signatures: communicators (``Get_rank``, ``Get_size``,
-``Dup``, ``Split``, ``Free``, ``Create_cart``; Cartesian ``Get_coords``, ``Get_cart_rank``,
+``Dup``, ``Split``, ``Split_type``, ``Free``, ``Create_cart``; Cartesian ``Get_coords``, ``Get_cart_rank``,
 ``Shift``, ``Sub``), the lowercase pickle methods (``send``, ``recv``, ``isend``, ``irecv``,
 ``sendrecv``, ``bcast``, ``scatter``, ``gather``, ``allgather``, ``alltoall``, ``reduce``,
 ``allreduce``, ``barrier``) with tags, :data:`ANY_SOURCE`, :data:`ANY_TAG` and
 :class:`Status`, ``probe``/``iprobe``, and the uppercase buffer methods on numpy arrays or
-``[buf, MPI.DOUBLE]`` specs (``Send`` ... ``Reduce_scatter_block``, the vector collectives
+``[buf, MPI.DOUBLE]`` specs (``Send`` ... ``Reduce_scatter_block``, ``Scan``, ``Exscan``,
+the vector collectives
 ``Gatherv``, ``Scatterv``, ``Allgatherv``, ``Alltoallv`` and ``Reduce_scatter`` on
 ``[buf, counts, displs, type]`` specs, :data:`IN_PLACE`, :class:`Request`).
 
@@ -68,6 +69,7 @@ IDENT, CONGRUENT, SIMILAR, UNEQUAL = 0, 1, 2, 3
 THREAD_SINGLE, THREAD_FUNNELED, THREAD_SERIALIZED, THREAD_MULTIPLE = 0, 1, 2, 3
 CART = 1
 VERSION, SUBVERSION = 3, 1
+COMM_TYPE_SHARED = 0  # (Split_type: the ranks of one machine)
 
 
 class _InPlace:
@@ -99,6 +101,27 @@ class Aborted(SystemExit):
     def __init__(self, errorcode: int):
         super().__init__(errorcode)
         self.errorcode = errorcode
+
+
+class Errhandler:
+    """What an MPI error does. rayflow's MPI raises :class:`Exception` (or a ValueError or
+    TypeError naming the bad input) whichever is set, as mpi4py does under its default,
+    ``ERRORS_RETURN``; an exception no rank catches fails the run and stops the others,
+    as ``ERRORS_ARE_FATAL`` would."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def __repr__(self) -> str:
+        return f"MPI.{self.name}"
+
+    def Free(self) -> None:  # noqa: N802
+        pass
+
+
+ERRORS_RETURN = Errhandler("ERRORS_RETURN")
+ERRORS_ARE_FATAL = Errhandler("ERRORS_ARE_FATAL")
+ERRORS_ABORT = Errhandler("ERRORS_ABORT")
 
 
 # ------------------------------------------------------------------------------ datatypes
@@ -629,6 +652,28 @@ class Comm:
             return COMM_NULL
         return Intracomm(sub)
 
+    def Split_type(self, split_type: int, key: int = 0, info: Any = None) -> Comm:  # noqa: N802
+        """``COMM_TYPE_SHARED``: the ranks on this rank's machine (by host name), ordered by
+        ``(key, rank)``; ``UNDEFINED``: none (``COMM_NULL``). Collective, as ``Split``."""
+        if split_type == UNDEFINED:
+            return self.Split(UNDEFINED, key)
+        if split_type != COMM_TYPE_SHARED:
+            raise ValueError(f"Split_type: split_type {split_type!r} is not "
+                             f"MPI.COMM_TYPE_SHARED or MPI.UNDEFINED")
+        hosts = self._c.allgather(socket.gethostname())
+        return self.Split(sorted(set(hosts)).index(hosts[self._c.rank]), key)
+
+    def Set_errhandler(self, errhandler: Errhandler) -> None:  # noqa: N802
+        """Kept for ``Get_errhandler``; errors raise whichever is set (see
+        :class:`Errhandler`)."""
+        if not isinstance(errhandler, Errhandler):
+            raise TypeError(f"Set_errhandler: an MPI.Errhandler (MPI.ERRORS_RETURN ...), got "
+                            f"{errhandler!r}")
+        self._errhandler = errhandler
+
+    def Get_errhandler(self) -> Errhandler:  # noqa: N802
+        return getattr(self, "_errhandler", ERRORS_RETURN)
+
     def Free(self) -> None:  # noqa: N802
         if self is COMM_WORLD or self is COMM_SELF:
             raise Exception("MPI.COMM_WORLD and MPI.COMM_SELF cannot be freed", 5)
@@ -1140,6 +1185,23 @@ class Comm:
         for chunk, v in zip(_chunks(recvflat, c.size, "Alltoall"), got):
             _copy_into(chunk, v, "Alltoall")
 
+    def Scan(self, sendbuf: Any, recvbuf: Any, op: Op = SUM) -> None:  # noqa: N802
+        """Rank ``r`` gets ``op`` over the send buffers of ranks 0..r, elementwise."""
+        self._prefix(sendbuf, recvbuf, op, "Scan", inclusive=True)
+
+    def Exscan(self, sendbuf: Any, recvbuf: Any, op: Op = SUM) -> None:  # noqa: N802
+        """Rank ``r`` gets ``op`` over the send buffers of ranks 0..r-1; rank 0's receive
+        buffer is left as it is (MPI leaves it undefined)."""
+        self._prefix(sendbuf, recvbuf, op, "Exscan", inclusive=False)
+
+    def _prefix(self, sendbuf: Any, recvbuf: Any, op: Any, where: str, inclusive: bool) -> None:
+        op = self._buffer_op(op, where)
+        recvflat, _ = _buffer(recvbuf, where, writable=True)
+        mine = self._send_flat(sendbuf, recvflat, where)
+        vals = self._c.allgather(mine)[:self._c.rank + (1 if inclusive else 0)]
+        if vals:
+            _copy_into(recvflat, _fold(vals, op, where), where)
+
     def Reduce_scatter_block(self, sendbuf: Any, recvbuf: Any, op: Op = SUM) -> None:  # noqa: N802
         op = self._buffer_op(op, "Reduce_scatter_block")
         c = self._c
@@ -1412,7 +1474,6 @@ _UNSUPPORTED = {
     "FLOAT_INT": "pair datatypes for MAXLOC/MINLOC (MPI.FLOAT_INT)",
     "LONG_INT": "pair datatypes for MAXLOC/MINLOC (MPI.LONG_INT)",
     "TWOINT": "pair datatypes for MAXLOC/MINLOC (MPI.TWOINT)",
-    "COMM_TYPE_SHARED": "shared-memory communicators (MPI.COMM_TYPE_SHARED)",
 }
 
 

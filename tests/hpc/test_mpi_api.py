@@ -253,6 +253,11 @@ def _vectors(polls):
     rs = np.zeros(r + 1)
     c.Reduce_scatter(np.arange(float(sum(counts))) * (r + 1), rs, counts)
     out["reduce_scatter"] = rs.tolist()
+    sc = np.zeros(2)
+    c.Scan(np.array([r + 1.0, 1.0]), sc)
+    out["scan"] = sc.tolist()
+    node = c.Split_type(MPI.COMM_TYPE_SHARED)  # (one machine: every rank)
+    out["node"] = (node.Get_size(), node.Get_rank(), node.allreduce(1))
     if r == 0:
         c.Send(np.arange(6.0), dest=3, tag=11)
     elif r == 3:
@@ -281,6 +286,8 @@ def test_vector_collectives_and_probe_match_numpy(gang):
         assert v["allgatherv"] == [q + 0.5 for q in range(p) for _ in range(q + 1)]
         assert v["alltoallv"] == [10 * q + r for q in range(p) for _ in range(q + r + 1)]
         assert v["reduce_scatter"] == total[start:start + r + 1].tolist()
+        assert v["scan"] == [sum(q + 1.0 for q in range(r + 1)), r + 1.0]
+        assert v["node"] == (p, r, p)
     assert vals[3]["probe"] == list(np.arange(6.0))
     assert vals[3].get("iprobe", False) is False
 

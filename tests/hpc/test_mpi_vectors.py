@@ -200,3 +200,44 @@ def test_a_probe_no_rank_can_answer_is_a_deadlock_error():
         return c.probe(source=0, tag=4, status=st), st.Get_tag(), c.recv(source=0, tag=4)
 
     assert run_ranks(1, fn) == [(True, 4, "me")]
+
+
+@pytest.mark.parametrize("size", [1, 3, 4])
+def test_buffer_scan_and_exscan_match_numpy_prefixes(size):
+    xs = [np.array([r + 1.0, -2.0 * r, 3.0]) for r in range(size)]
+
+    def fn(c):
+        r = c.rank
+        s = np.zeros(3)
+        c.Scan(xs[r], s, op=MPI.SUM)
+        e = np.full(3, -9.0)
+        c.Exscan(xs[r], e, op=MPI.MAX)
+        ip = xs[r].copy()
+        c.Scan(MPI.IN_PLACE, ip, op=MPI.PROD)
+        return s.tolist(), e.tolist(), ip.tolist()
+
+    for r, (s, e, ip) in enumerate(run_ranks(size, fn)):
+        assert s == np.sum(xs[:r + 1], axis=0).tolist()
+        assert e == ([-9.0] * 3 if r == 0 else np.max(xs[:r], axis=0).tolist())
+        assert ip == np.prod(xs[:r + 1], axis=0).tolist()
+
+
+def test_split_type_shared_groups_the_ranks_of_one_machine():
+    def fn(c):
+        node = c.Split_type(MPI.COMM_TYPE_SHARED, key=-c.rank)  # (reversed by key)
+        none = c.Split_type(MPI.UNDEFINED)
+        node.Barrier()
+        try:
+            c.Split_type(5)
+            bad = None
+        except ValueError as exc:
+            bad = str(exc)
+        c.Set_errhandler(MPI.ERRORS_ARE_FATAL)
+        return (node.Get_size(), node.Get_rank(), none == MPI.COMM_NULL, bad,
+                c.Get_errhandler() is MPI.ERRORS_ARE_FATAL,
+                MPI.COMM_SELF.Get_errhandler() is MPI.ERRORS_RETURN)
+
+    # threads share the host: one communicator of all ranks, ordered by key
+    assert run_ranks(3, fn) == [
+        (3, 2 - r, True, "Split_type: split_type 5 is not MPI.COMM_TYPE_SHARED or MPI.UNDEFINED",
+         True, True) for r in range(3)]
