@@ -61,3 +61,11 @@ def check_number(owner: str, name: str, value: Any, *, above: float | None = 0.0
                  f" >= {at_least:g}" if at_least is not None else "")
         raise ValueError(f"{owner}: {name} must be a number{bound}"
                          f"{' or None' if or_none else ''} (finite), got {value!r}")
+
+
+def check_callable(owner: str, name: str, value: Any, *, or_none: bool = True) -> None:
+    """``value`` is callable (or None where ``or_none``): else a ValueError that names
+    ``owner`` and its field ``name``."""
+    if not (callable(value) or (or_none and value is None)):
+        raise ValueError(f"{owner}: {name} must be a function{' or None' if or_none else ''}, "
+                         f"got {value!r}")

@@ -582,7 +582,19 @@ def test_kafka_round_trip_of_images_over_one_megabyte(ray_session, kafka_broker,
         "t", bootstrap="b", chunk_bytes=0), "KafkaImageSink: chunk_bytes must be a number > 0"),
     (lambda: __import__("rayflow.connectors.images", fromlist=["x"]).KafkaImageSink(
         "t", bootstrap="b", client="confluentt"), "KafkaImageSink: client='confluentt'"),
+    (lambda: __import__("rayflow.connectors.images", fromlist=["x"]).KafkaImageSink(
+        "t", bootstrap="b", ext=".jpgg"), "KafkaImageSink: ext '.jpgg' is not an image format"),
+    (lambda: DirectorySink("/tmp/never-made", ext="png"), "DirectorySink: ext 'png' is not"),
+    (lambda: DirectorySink("/tmp/never-made", ext=".pngg"), "DirectorySink: ext '.pngg'"),
+    (lambda: __import__("rayflow.connectors.images", fromlist=["x"]).PngDiscardSink(
+        ext=".xyz"), "PngDiscardSink: ext '.xyz' is not an image format OpenCV writes"),
+    (lambda: DirectorySource("/tmp", poll_interval_s=0), "DirectorySource: poll_interval_s "
+                                                         "must be a number > 0"),
+    (lambda: DirectorySource("/tmp", settle_s=-1), "DirectorySource: settle_s must be a "
+                                                   "number >= 0"),
+    (lambda: DirectorySource("/tmp", max_file_bytes=0), "DirectorySource: max_file_bytes"),
 ])
 def test_an_image_source_or_sink_that_cannot_work_is_an_error_where_it_is_made(make, message):
+    """Including an extension OpenCV cannot write (every image would be a dead letter)."""
     with pytest.raises(ValueError, match=message):
         make()

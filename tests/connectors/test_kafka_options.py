@@ -74,6 +74,14 @@ def test_one_word_options_pass_and_an_unknown_client_is_an_error():
      "KafkaSource: start='Latest' .*did you mean 'latest'"),
     (lambda: __import__("rayflow").KafkaSource("t", bootstrap="b", commit_interval_s=0),
      "KafkaSource: commit_interval_s must be a number > 0"),
+    (lambda: __import__("rayflow").KafkaSource("t", bootstrap="b", deserializer="json"),
+     "KafkaSource: deserializer must be a function or None, got 'json'"),
+    (lambda: __import__("rayflow").KafkaSink("t", bootstrap="b", key=5),
+     "KafkaSink\\('t'\\): key must be a function or None, got 5"),
+    (lambda: __import__("rayflow").KafkaSink("t", bootstrap="b", serializer="json"),
+     "KafkaSink\\('t'\\): serializer must be a function"),
+    (lambda: __import__("rayflow").KafkaSink("t", bootstrap="b", max_message_bytes=0),
+     "KafkaSink\\('t'\\): max_message_bytes must be a number > 0"),
     (lambda: __import__("rayflow.connectors.images", fromlist=["x"]).KafkaImageSource(
         "t", bootstrap="b", start="lates"),
      "KafkaImageSource: start='lates' .*did you mean 'latest'"),
@@ -81,7 +89,8 @@ def test_one_word_options_pass_and_an_unknown_client_is_an_error():
         "t", bootstrap="b", max_pending_bytes=0),
      "KafkaImageSource: max_pending_bytes must be a number > 0"),
 ])
-def test_a_misspelt_start_or_a_bad_number_is_an_error_where_the_source_is_made(make, message):
-    """Not read as the default (a misspelt ``start`` read the topic from its beginning)."""
+def test_a_misspelt_start_or_a_bad_setting_is_an_error_where_it_is_made(make, message):
+    """Not read as the default (a misspelt ``start`` read the topic from its beginning), nor
+    met record by record (a key that is not a function)."""
     with pytest.raises(ValueError, match=message):
         make()

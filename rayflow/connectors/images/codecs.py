@@ -165,6 +165,16 @@ def frame_key(key: Any, index: int) -> Any:
 _KEPT_DTYPE: dict[tuple[str, str, int], str] = {}
 
 
+def check_image_ext(owner: str, ext: Any) -> None:
+    """``ext`` names an image format this OpenCV writes (``.png``, ``.jpg`` ...): else a
+    ValueError naming ``owner``, before any image meets it."""
+    import cv2
+
+    if not (isinstance(ext, str) and ext.startswith(".") and cv2.haveImageWriter("x" + ext)):
+        raise ValueError(f"{owner}: ext {ext!r} is not an image format OpenCV writes here; "
+                         f"use one such as '.png', '.jpg', '.tiff' or '.webp'")
+
+
 def encode_image(image: np.ndarray, ext: str = ".png", params: tuple = ()) -> bytes:
     """Encode with OpenCV (``ext`` such as ``.png``); raise ``ValueError`` on failure, and
     when the format cannot hold the image's depth (a 16-bit image as JPEG, a float image as

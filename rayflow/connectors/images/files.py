@@ -17,7 +17,13 @@ from typing import Any
 
 import numpy as np
 
-from rayflow.connectors.images.codecs import BadInput, MiB, _EncodingWriter, encode_image
+from rayflow.connectors.images.codecs import (
+    BadInput,
+    MiB,
+    _EncodingWriter,
+    check_image_ext,
+    encode_image,
+)
 from rayflow.core.connectors import (
     SinkSpec,
     SinkWriter,
@@ -77,6 +83,10 @@ class DirectorySource(SourceSpec):
             raise ValueError(f"DirectorySource: pattern must be a glob or a list of globs, "
                              f"got {self.pattern!r}")
         object.__setattr__(self, "pattern", pats[0] if len(pats) == 1 else tuple(pats))
+        check_number("DirectorySource", "poll_interval_s", self.poll_interval_s)
+        check_number("DirectorySource", "settle_s", self.settle_s, above=None, at_least=0.0)
+        check_number("DirectorySource", "max_batch_bytes", self.max_batch_bytes)
+        check_number("DirectorySource", "max_file_bytes", self.max_file_bytes, or_none=True)
 
     @property
     def patterns(self) -> tuple[str, ...]:
@@ -398,6 +408,9 @@ class PngDiscardSink(SinkSpec):
     threads: int | None = 1
     ext: str = ".png"
 
+    def __post_init__(self) -> None:
+        check_image_ext("PngDiscardSink", self.ext)
+
     def build(self, ctx: StepContext, resume_state: Any = None) -> SinkWriter:
         return _DiscardEncodedWriter(ctx, self.ext, self.params, self.threads, resume_state)
 
@@ -439,6 +452,9 @@ class DirectorySink(SinkSpec):
     params: tuple = ()
     threads: int | None = 1
     relative_to: str | None = None
+
+    def __post_init__(self) -> None:
+        check_image_ext("DirectorySink", self.ext)
 
     def build(self, ctx: StepContext, resume_state: Any = None) -> SinkWriter:
         Path(self.path).mkdir(parents=True, exist_ok=True)

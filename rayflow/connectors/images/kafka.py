@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from rayflow.connectors.images.codecs import BadInput, MiB, _EncodingWriter
+from rayflow.connectors.images.codecs import BadInput, MiB, _EncodingWriter, check_image_ext
 from rayflow.core.connectors import (
     SinkSpec,
     SinkWriter,
@@ -88,6 +88,7 @@ class KafkaImageSink(SinkSpec):
 
         resolve_client(self.client, "KafkaImageSink")  # a misspelt client fails here
         check_number("KafkaImageSink", "chunk_bytes", self.chunk_bytes)
+        check_image_ext("KafkaImageSink", self.ext)
 
     def build(self, ctx: StepContext, resume_state: Any = None) -> SinkWriter:
         from rayflow.connectors.kafka import KafkaSink

@@ -25,6 +25,7 @@ from rayflow.connectors.kafka.transactional import _TransactionalWriter
 from rayflow.connectors.kafka.writer import _KafkaWriter
 from rayflow.core.connectors import SinkSpec, SinkWriter
 from rayflow.core.operators import StepContext
+from rayflow.errors import check_callable, check_number
 
 
 @dataclass(frozen=True)
@@ -86,6 +87,9 @@ class KafkaSink(SinkSpec):
         if self.max_uncommitted_bytes <= 0:
             raise ValueError(f"KafkaSink({self.topic!r}): max_uncommitted_bytes must be > 0, "
                              f"got {self.max_uncommitted_bytes}")
+        check_number(f"KafkaSink({self.topic!r})", "max_message_bytes", self.max_message_bytes)
+        for name in ("serializer", "key", "stamp"):
+            check_callable(f"KafkaSink({self.topic!r})", name, getattr(self, name))
 
     def build(self, ctx: StepContext, resume_state: Any = None) -> SinkWriter:
         bootstrap = self.bootstrap or default_bootstrap()

@@ -23,7 +23,7 @@ from rayflow.connectors.kafka.clients import (
 )
 from rayflow.core.connectors import SourceReader, SourceSpec
 from rayflow.core.operators import Rescaled, StepContext
-from rayflow.errors import check_number
+from rayflow.errors import check_callable, check_number
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +87,7 @@ class KafkaSource(SourceSpec):
             raise ValueError(f"KafkaSource: start={self.start!r} is not one of "
                              f"{list(get_args(Start))}{did_you_mean(str(self.start), get_args(Start))}")
         check_number("KafkaSource", "commit_interval_s", self.commit_interval_s)
+        check_callable("KafkaSource", "deserializer", self.deserializer)
         given = [n for n in ("topic", "topics", "pattern") if getattr(self, n) is not None]
         if len(given) != 1:
             raise ValueError(f"KafkaSource: give exactly one of topic=, topics= or pattern= "
