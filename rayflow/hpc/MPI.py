@@ -15,7 +15,8 @@ Covered, with mpi4py's names and signatures: communicators (``Get_rank``, ``Get_
 ``[buf, MPI.DOUBLE]`` specs (``Send`` ... ``Reduce_scatter_block``, ``Scan``, ``Exscan``,
 the vector collectives
 ``Gatherv``, ``Scatterv``, ``Allgatherv``, ``Alltoallv`` and ``Reduce_scatter`` on
-``[buf, counts, displs, type]`` specs, :data:`IN_PLACE`, :class:`Request`).
+``[buf, counts, displs, type]`` specs, the non-blocking ``Ibarrier`` ...
+``Ireduce_scatter_block``, :data:`IN_PLACE`, :class:`Request`).
 
 Point-to-point follows MPI's matching rules: messages between a pair of ranks in one
 communicator are numbered, and a receive takes the first message that matches its source
@@ -549,6 +550,61 @@ class Request:
     def waitany(requests: Sequence[Request], status: Status | None = None) -> tuple[int, Any]:
         i = Request.Waitany(requests, status)
         return i, (requests[i]._value if i != UNDEFINED else None)
+
+
+class _CollRequest(Request):
+    """A non-blocking collective. What it sends went out when it was called (sends are
+    buffered, so a call never waits on another rank); what it receives, one message from
+    each rank in ``sources`` under the collective's ``key``, is taken by ``Wait`` (or by
+    ``Test``, where the transport can look without blocking), in any order, and
+    ``finish({rank: message})`` then writes the result into the receive buffer."""
+
+    def __init__(self, comm: Comm, key: tuple, sources: Sequence[int],
+                 finish: Callable[[dict], Any], where: str):
+        super().__init__(comm, PROC_NULL, ANY_TAG, None, where)
+        self._got: dict[int, Any] = {}
+        self._key, self._waiting, self._finish = key, list(sources), finish
+        self._done = False
+        if not self._waiting:
+            self._end()
+
+    def _end(self) -> None:
+        self._finish(self._got)
+        self._got = {}
+        self._done = True
+
+    def Wait(self, status: Status | None = None) -> bool:  # noqa: N802
+        if not self._done:
+            c = self._comm._c  # type: ignore[union-attr]  # (a collective has its comm)
+            for src in self._waiting:
+                self._got[src] = c._recv_from(src, self._key)
+            self._waiting = []
+            self._end()
+        self._fill(status)
+        return True
+
+    def Test(self, status: Status | None = None) -> bool:  # noqa: N802
+        if not self._done:
+            c = self._comm._c  # type: ignore[union-attr]
+            try_recv = getattr(c._t, "try_recv", None)
+            if try_recv is None:
+                raise NotImplementedError(
+                    f"{self._where}: Request.Test needs a transport that can look for a message "
+                    f"without blocking (try_recv); the {c.backend!r} backend has none (Wait "
+                    f"works)")
+            still = []
+            for src in self._waiting:
+                got = try_recv(c._members[src], self._key)
+                if got is _transport.NO_MESSAGE:
+                    still.append(src)
+                else:
+                    self._got[src] = got
+            self._waiting = still
+            if not still:
+                self._end()
+        if self._done:
+            self._fill(status)
+        return self._done
 
 
 # ANY_SOURCE looks at every peer; the pause between empty rounds doubles up to the maximum
@@ -1295,6 +1351,126 @@ class Comm:
                                             "Reduce_scatter")]
         _copy_into(recvflat, _fold(c.alltoall(parts), op, "Reduce_scatter"), "Reduce_scatter")
 
+    # ------------------------------------------------------------ non-blocking collectives
+    # Each sends what it has to send at once and returns a request whose Wait receives the
+    # rest: one message from each rank it needs, under one collective key drawn in call
+    # order (as every rank calls its collectives in the same order, the keys agree).
+    def _icoll(self, where: str, sends: dict[int, Any], sources: Sequence[int],
+               finish: Callable[[dict], Any]) -> Request:
+        c = self._c
+        key = c._ckey(where)
+        for dest, obj in sends.items():
+            c._send_to(dest, key, obj)
+        return _CollRequest(self, key, sources, finish, where)
+
+    def _others(self) -> list[int]:
+        return [r for r in range(self._c.size) if r != self._c.rank]
+
+    def Ibarrier(self) -> Request:  # noqa: N802
+        """A barrier whose Wait returns once every rank has called it."""
+        return self._icoll("Ibarrier", dict.fromkeys(self._others()), self._others(),
+                           lambda got: None)
+
+    def Ibcast(self, buf: Any, root: int = 0) -> Request:  # noqa: N802
+        flat, _ = _buffer(buf, "Ibcast", writable=True)
+        root = self._check_peer(root, "root")
+        if self._c.rank == root:
+            return self._icoll("Ibcast", dict.fromkeys(self._others(), flat), (),
+                               lambda got: None)
+        return self._icoll("Ibcast", {}, (root,),
+                           lambda got: _copy_into(flat, got[root], "Ibcast"))
+
+    def Igather(self, sendbuf: Any, recvbuf: Any, root: int = 0) -> Request:  # noqa: N802
+        c, root = self._c, self._check_peer(root, "root")
+        if c.rank != root:
+            return self._icoll("Igather", {root: _buffer(sendbuf, "Igather")[0]}, (),
+                               lambda got: None)
+        chunks = _chunks(_buffer(recvbuf, "Igather", writable=True)[0], c.size, "Igather")
+        if sendbuf is not IN_PLACE:
+            _copy_block(chunks[root], _buffer(sendbuf, "Igather")[0], "Igather", root)
+
+        def finish(got: dict) -> None:
+            for r, v in got.items():
+                _copy_block(chunks[r], v, "Igather", r)
+        return self._icoll("Igather", {}, self._others(), finish)
+
+    def Iscatter(self, sendbuf: Any, recvbuf: Any, root: int = 0) -> Request:  # noqa: N802
+        c, root = self._c, self._check_peer(root, "root")
+        recvflat = None if recvbuf is IN_PLACE else \
+            _buffer(recvbuf, "Iscatter", writable=True)[0]
+        if c.rank != root:
+            if recvflat is None:
+                raise ValueError("Iscatter: IN_PLACE is for the root's receive buffer only")
+            return self._icoll("Iscatter", {}, (root,),
+                               lambda got: _copy_into(recvflat, got[root], "Iscatter"))
+        parts = _chunks(_buffer(sendbuf, "Iscatter")[0], c.size, "Iscatter")
+        if recvflat is not None:
+            _copy_block(recvflat, parts[root], "Iscatter", root)
+        return self._icoll("Iscatter", {r: parts[r] for r in self._others()}, (),
+                           lambda got: None)
+
+    def Iallgather(self, sendbuf: Any, recvbuf: Any) -> Request:  # noqa: N802
+        c = self._c
+        chunks = _chunks(_buffer(recvbuf, "Iallgather", writable=True)[0], c.size,
+                         "Iallgather")
+        mine = chunks[c.rank].copy() if sendbuf is IN_PLACE else \
+            _buffer(sendbuf, "Iallgather")[0]
+        _copy_block(chunks[c.rank], mine, "Iallgather", c.rank)
+
+        def finish(got: dict) -> None:
+            for r, v in got.items():
+                _copy_block(chunks[r], v, "Iallgather", r)
+        return self._icoll("Iallgather", dict.fromkeys(self._others(), mine), self._others(),
+                           finish)
+
+    def Ialltoall(self, sendbuf: Any, recvbuf: Any) -> Request:  # noqa: N802
+        c = self._c
+        recv = _chunks(_buffer(recvbuf, "Ialltoall", writable=True)[0], c.size, "Ialltoall")
+        send = _chunks(self._send_flat(sendbuf, _buffer(recvbuf, "Ialltoall")[0],
+                                       "Ialltoall"), c.size, "Ialltoall")
+        _copy_block(recv[c.rank], send[c.rank].copy(), "Ialltoall", c.rank)
+
+        def finish(got: dict) -> None:
+            for r, v in got.items():
+                _copy_block(recv[r], v, "Ialltoall", r)
+        return self._icoll("Ialltoall", {r: send[r] for r in self._others()}, self._others(),
+                           finish)
+
+    def _ireduce(self, where: str, sendbuf: Any, recvbuf: Any, op: Any, to: Sequence[int],
+                 part: int | None) -> Request:
+        """Every rank's buffer (or its block ``part`` of each rank's) to the ranks ``to``,
+        which fold what they get in rank order into their receive buffer."""
+        op = self._buffer_op(op, where)
+        c = self._c
+        recvflat = _buffer(recvbuf, where, writable=True)[0] if c.rank in to or \
+            sendbuf is IN_PLACE else None
+        mine = self._send_flat(sendbuf, recvflat, where).copy()
+        blocks = _chunks(mine, c.size, where) if part is not None else None
+        sends = {r: (blocks[r] if blocks is not None else mine) for r in to if r != c.rank}
+        if c.rank not in to:
+            return self._icoll(where, sends, (), lambda got: None)
+        own = blocks[c.rank] if blocks is not None else mine
+
+        def finish(got: dict) -> None:
+            vals = [own if r == c.rank else got[r] for r in range(c.size)]
+            _copy_into(recvflat, _fold(vals, op, where), where)  # type: ignore[arg-type]
+        return self._icoll(where, sends, self._others(), finish)
+
+    def Ireduce(self, sendbuf: Any, recvbuf: Any, op: Op = SUM, root: int = 0) -> Request:  # noqa: N802
+        root = self._check_peer(root, "root")
+        if sendbuf is IN_PLACE and self._c.rank != root:
+            raise ValueError("Ireduce: IN_PLACE is for the root's send buffer only")
+        return self._ireduce("Ireduce", sendbuf, recvbuf, op, (root,), None)
+
+    def Iallreduce(self, sendbuf: Any, recvbuf: Any, op: Op = SUM) -> Request:  # noqa: N802
+        return self._ireduce("Iallreduce", sendbuf, recvbuf, op, range(self._c.size), None)
+
+    def Ireduce_scatter_block(self, sendbuf: Any, recvbuf: Any, op: Op = SUM) -> Request:  # noqa: N802
+        """Each rank folds block ``rank`` of every rank's send buffer; the blocks travel
+        straight to the rank that folds them."""
+        return self._ireduce("Ireduce_scatter_block", sendbuf, recvbuf, op,
+                             range(self._c.size), part=1)
+
     def _unsupported(name: str, what: str) -> Callable:  # type: ignore[misc]  # noqa: N805 - a class-body helper
         def method(self: Comm, *args: Any, **kwargs: Any) -> Any:
             raise NotImplementedError(f"Comm.{name} ({what}) is not supported by rayflow's MPI")
@@ -1305,9 +1481,9 @@ class Comm:
     locals()["Alltoallw"] = _unsupported("Alltoallw", "derived datatypes per block")
     for _n in ("mprobe", "improbe", "Mprobe", "Improbe"):
         locals()[_n] = _unsupported(_n, "matched probes")
-    for _n in ("Ibarrier", "Ibcast", "Igather", "Iscatter", "Iallgather", "Ialltoall",
-               "Ireduce", "Iallreduce", "Ireduce_scatter_block"):
-        locals()[_n] = _unsupported(_n, "non-blocking collectives")
+    for _n in ("Igatherv", "Iscatterv", "Iallgatherv", "Ialltoallv", "Ireduce_scatter",
+               "Iscan", "Iexscan"):
+        locals()[_n] = _unsupported(_n, "non-blocking vector and prefix collectives")
     for _n in ("Send_init", "Recv_init"):
         locals()[_n] = _unsupported(_n, "persistent requests")
     del _n

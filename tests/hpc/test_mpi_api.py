@@ -256,6 +256,11 @@ def _vectors(polls):
     sc = np.zeros(2)
     c.Scan(np.array([r + 1.0, 1.0]), sc)
     out["scan"] = sc.tolist()
+    iar, ib = np.zeros(2), (np.arange(3.0) if r == 1 else np.zeros(3))
+    reqs = [c.Iallreduce(np.array([r, 1.0]), iar, op=MPI.SUM), c.Ibcast(ib, root=1),
+            c.Ibarrier()]
+    MPI.Request.Waitall(reqs)
+    out["nonblocking"] = (iar.tolist(), ib.tolist())
     node = c.Split_type(MPI.COMM_TYPE_SHARED)  # (one machine: every rank)
     out["node"] = (node.Get_size(), node.Get_rank(), node.allreduce(1))
     if r == 0:
@@ -288,6 +293,7 @@ def test_vector_collectives_and_probe_match_numpy(gang):
         assert v["reduce_scatter"] == total[start:start + r + 1].tolist()
         assert v["scan"] == [sum(q + 1.0 for q in range(r + 1)), r + 1.0]
         assert v["node"] == (p, r, p)
+        assert v["nonblocking"] == ([float(sum(range(p))), float(p)], [0.0, 1.0, 2.0])
     assert vals[3]["probe"] == list(np.arange(6.0))
     assert vals[3].get("iprobe", False) is False
 

@@ -241,3 +241,69 @@ def test_split_type_shared_groups_the_ranks_of_one_machine():
     assert run_ranks(3, fn) == [
         (3, 2 - r, True, "Split_type: split_type 5 is not MPI.COMM_TYPE_SHARED or MPI.UNDEFINED",
          True, True) for r in range(3)]
+
+
+@pytest.mark.parametrize("size", [1, 2, 3, 4])
+def test_nonblocking_collectives_match_numpy(size):
+    xs = [np.arange(2.0 * size) * (r + 1) - r for r in range(size)]
+
+    def fn(c):
+        r, p = c.rank, c.size
+        b = np.arange(4.0) if r == p - 1 else np.zeros(4)
+        g = np.full(2 * p, -1.0)
+        sc = np.zeros(2)
+        ag = np.zeros(2 * p)
+        a2 = np.zeros(2 * p)
+        red = np.zeros(2 * p)
+        ar = np.zeros(2 * p)
+        rsb = np.zeros(2)
+        ip = xs[r].copy()
+        reqs = [c.Ibcast(b, root=p - 1),
+                c.Igather(xs[r][:2], g, root=0),
+                c.Iscatter(np.arange(2.0 * p) * 3 if r == 0 else None, sc, root=0),
+                c.Iallgather(xs[r][:2], ag),
+                c.Ialltoall(xs[r], a2),
+                c.Ireduce(xs[r], red, op=MPI.SUM, root=0),
+                c.Iallreduce(xs[r], ar, op=MPI.MAX),
+                c.Ireduce_scatter_block(xs[r], rsb, op=MPI.SUM),
+                c.Iallreduce(MPI.IN_PLACE, ip, op=MPI.SUM),
+                c.Ibarrier()]
+        c.Allreduce(np.ones(1), np.zeros(1))  # a blocking collective among them
+        MPI.Request.Waitall(reqs)
+        return [a.tolist() for a in (b, g, sc, ag, a2, red, ar, rsb, ip)]
+
+    total, top = np.sum(xs, axis=0), np.max(xs, axis=0)
+    for r, (b, g, sc, ag, a2, red, ar, rsb, ip) in enumerate(run_ranks(size, fn)):
+        assert b == [0.0, 1.0, 2.0, 3.0]
+        if r == 0:
+            assert g == [v for q in range(size) for v in xs[q][:2]]
+            assert red == total.tolist()
+        assert sc == (np.arange(2.0 * size) * 3)[2 * r:2 * r + 2].tolist()
+        assert ag == [v for q in range(size) for v in xs[q][:2]]
+        assert a2 == [v for q in range(size) for v in xs[q][2 * r:2 * r + 2]]
+        assert ar == top.tolist() and ip == total.tolist()
+        assert rsb == total[2 * r:2 * r + 2].tolist()
+
+
+def test_a_nonblocking_collective_never_waits_at_its_call():
+    """Legal MPI that a collective completed at its call would deadlock: rank 0 starts
+    an Iallreduce and then sends what rank 1 waits for before it joins. Test is False
+    until every rank has joined, then True."""
+    def fn(c):
+        x, out = np.array([c.rank + 1.0]), np.zeros(1)
+        if c.rank == 0:
+            req = c.Iallreduce(x, out)
+            bar = c.Ibarrier()
+            early = (req.Test(), bar.Test())
+            c.send("go", dest=1)
+            while not req.Test():
+                pass
+            bar.Wait()
+            return early, out.tolist()
+        c.recv(source=0)
+        req = c.Iallreduce(x, out)
+        c.Ibarrier().Wait()
+        req.Wait()
+        return None, out.tolist()
+
+    assert run_ranks(2, fn) == [((False, False), [3.0]), (None, [3.0])]
