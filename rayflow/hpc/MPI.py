@@ -7,7 +7,8 @@ import MPI`` resolves to this module and ``COMM_WORLD`` spans the gang. Anywhere
 ``COMM_WORLD`` is a world of one rank, as mpi4py's singleton start without ``mpiexec``.
 
 Covered, with mpi4py's names and signatures: communicators (``Get_rank``, ``Get_size``,
-``Dup``, ``Split``, ``Split_type``, ``Free``, ``Create_cart``; Cartesian ``Get_coords``, ``Get_cart_rank``,
+``Dup``, ``Split``, ``Split_type``, ``Free``, ``Create_cart``, groups and ``Create``/
+``Create_group``; Cartesian ``Get_coords``, ``Get_cart_rank``,
 ``Shift``, ``Sub``), the lowercase pickle methods (``send``, ``recv``, ``isend``, ``irecv``,
 ``sendrecv``, ``bcast``, ``scatter``, ``gather``, ``allgather``, ``alltoall``, ``reduce``,
 ``allreduce``, ``barrier``) with tags, :data:`ANY_SOURCE`, :data:`ANY_TAG` and
@@ -123,6 +124,107 @@ class Errhandler:
 ERRORS_RETURN = Errhandler("ERRORS_RETURN")
 ERRORS_ARE_FATAL = Errhandler("ERRORS_ARE_FATAL")
 ERRORS_ABORT = Errhandler("ERRORS_ABORT")
+
+
+class Group:
+    """An ordered set of processes (mpi4py's ``MPI.Group``): from ``comm.Get_group()``,
+    narrowed with ``Incl``/``Excl``/``Range_incl``/``Range_excl`` or combined with
+    ``Union``/``Intersection``/``Difference``; ``comm.Create(group)`` or
+    ``comm.Create_group(group)`` makes its communicator."""
+
+    def __init__(self, members: tuple[int, ...], me: int):
+        self._members, self._me = tuple(members), me  # world ranks; this process's
+
+    def __repr__(self) -> str:
+        return f"<MPI.Group of {len(self._members)}>"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Group) and other._members == self._members
+
+    def __hash__(self) -> int:
+        return hash(self._members)
+
+    def Get_size(self) -> int:  # noqa: N802
+        return len(self._members)
+
+    def Get_rank(self) -> int:  # noqa: N802
+        """This process's rank in the group; ``UNDEFINED`` outside it."""
+        return self._members.index(self._me) if self._me in self._members else UNDEFINED
+
+    size = property(Get_size)
+    rank = property(Get_rank)
+
+    def _ranks(self, ranks: Sequence[int], where: str) -> list[int]:
+        ranks = [int(r) for r in ranks]
+        bad = [r for r in ranks if not 0 <= r < len(self._members)]
+        if bad or len(set(ranks)) != len(ranks):
+            raise ValueError(f"Group.{where}: ranks {ranks} must be distinct ranks of a group "
+                             f"of {len(self._members)}")
+        return ranks
+
+    def _new(self, members: Sequence[int]) -> Group:
+        return Group(tuple(members), self._me)
+
+    def Incl(self, ranks: Sequence[int]) -> Group:  # noqa: N802
+        return self._new([self._members[r] for r in self._ranks(ranks, "Incl")])
+
+    def Excl(self, ranks: Sequence[int]) -> Group:  # noqa: N802
+        gone = set(self._ranks(ranks, "Excl"))
+        return self._new([m for r, m in enumerate(self._members) if r not in gone])
+
+    @staticmethod
+    def _expand(ranges: Sequence[tuple[int, int, int]]) -> list[int]:
+        out = []
+        for first, last, stride in ranges:
+            if stride == 0:
+                raise ValueError("Group.Range_incl: a stride of 0")
+            out += list(range(first, last + (1 if stride > 0 else -1), stride))
+        return out
+
+    def Range_incl(self, ranks: Sequence[tuple[int, int, int]]) -> Group:  # noqa: N802
+        return self.Incl(self._expand(ranks))
+
+    def Range_excl(self, ranks: Sequence[tuple[int, int, int]]) -> Group:  # noqa: N802
+        return self.Excl(self._expand(ranks))
+
+    def Translate_ranks(self, ranks: Sequence[int] | None = None,  # noqa: N802
+                        group: Group | None = None) -> list[int]:
+        """The ranks in ``group`` of this group's ``ranks`` (all by default), ``UNDEFINED``
+        where not in it; without ``group``, the world ranks."""
+        ranks = list(range(len(self._members))) if ranks is None else \
+            self._ranks(ranks, "Translate_ranks")
+        if group is None:
+            return [self._members[r] for r in ranks]
+        index = {m: i for i, m in enumerate(group._members)}
+        return [index.get(self._members[r], UNDEFINED) for r in ranks]
+
+    def Compare(self, group: Group) -> int:  # noqa: N802
+        if self._members == group._members:
+            return IDENT
+        return SIMILAR if set(self._members) == set(group._members) else UNEQUAL
+
+    @classmethod
+    def Union(cls, group1: Group, group2: Group) -> Group:  # noqa: N802
+        """``group1``'s processes, then ``group2``'s not in it (MPI's order)."""
+        return group1._new([*group1._members,
+                            *(m for m in group2._members if m not in group1._members)])
+
+    @classmethod
+    def Intersection(cls, group1: Group, group2: Group) -> Group:  # noqa: N802
+        return group1._new([m for m in group1._members if m in group2._members])
+
+    @classmethod
+    def Difference(cls, group1: Group, group2: Group) -> Group:  # noqa: N802
+        return group1._new([m for m in group1._members if m not in group2._members])
+
+    def Dup(self) -> Group:  # noqa: N802
+        return self._new(self._members)
+
+    def Free(self) -> None:  # noqa: N802
+        pass
+
+
+GROUP_EMPTY = Group((), -1)
 
 
 # ------------------------------------------------------------------------------ datatypes
@@ -630,6 +732,7 @@ class Comm:
         self._posted: list[Request] = []
         self._arrivals = itertools.count()
         self._dup_seq = itertools.count()
+        self._group_seq: dict[tuple, int] = {}  # (group, tag) -> communicators made of it
 
     # ------------------------------------------------------------ basics
     @property
@@ -663,8 +766,46 @@ class Comm:
     rank = property(Get_rank)
     size = property(Get_size)
 
-    def Get_group(self) -> Any:  # noqa: N802
-        raise NotImplementedError("MPI groups (Comm.Get_group) are not supported by rayflow's MPI")
+    def Get_group(self) -> Group:  # noqa: N802
+        """The processes of this communicator, in its rank order."""
+        c = self._c
+        return Group(tuple(c._members), c._t.rank)
+
+    group = property(Get_group)
+
+    def Create(self, group: Group) -> Comm:  # noqa: N802
+        """A communicator of ``group``'s processes (a subset of this one's), ranked in the
+        group's order; ``COMM_NULL`` on the others. Every rank of this communicator calls
+        it."""
+        return self.Split(*self._in_group(group, "Create"))
+
+    def Create_group(self, group: Group, tag: int = 0) -> Comm:  # noqa: N802
+        """As :meth:`Create`, but only the group's processes call it (the others go on);
+        ``COMM_NULL`` on a caller outside it."""
+        rank, _ = self._in_group(group, "Create_group")
+        if rank == UNDEFINED:
+            return COMM_NULL
+        c = self._c
+        members = group._members
+        # every member makes the same context: this communicator's, the group, the tag, and
+        # how many times its members made one of that group and tag before
+        n = self._group_seq.get((members, tag), 0)
+        self._group_seq[(members, tag)] = n + 1
+        return Intracomm(_comm.Communicator(c._t, list(members),
+                                            (c._ctx, "group", tag, members, n),
+                                            attempt=c.attempt, check_roots=c.check_roots))
+
+    def _in_group(self, group: Group, where: str) -> tuple[int, int]:
+        """``(UNDEFINED or 0, this process's rank in group)`` after checking that the group's
+        processes all belong to this communicator."""
+        if not isinstance(group, Group):
+            raise TypeError(f"Comm.{where}: an MPI.Group, got {group!r}")
+        outside = set(group._members) - set(self._c._members)
+        if outside:
+            raise ValueError(f"Comm.{where}: the group has processes outside this "
+                             f"communicator (world ranks {sorted(outside)})")
+        rank = group.Get_rank()
+        return (UNDEFINED, 0) if rank == UNDEFINED else (0, rank)
 
     def Is_inter(self) -> bool:  # noqa: N802
         return False
@@ -1638,7 +1779,6 @@ _UNSUPPORTED = {
     "Intercomm": "intercommunicators (MPI.Intercomm)",
     "Graphcomm": "graph topologies (MPI.Graphcomm)",
     "Distgraphcomm": "graph topologies (MPI.Distgraphcomm)",
-    "Group": "process groups (MPI.Group)",
     "Info": "MPI.Info",
     "Message": "matched probes (MPI.Message)",
     "Prequest": "persistent requests (MPI.Prequest)",

@@ -261,6 +261,10 @@ def _vectors(polls):
             c.Ibarrier()]
     MPI.Request.Waitall(reqs)
     out["nonblocking"] = (iar.tolist(), ib.tolist())
+    evens = c.Create(c.Get_group().Incl([2, 0]))
+    odd = c.Create_group(c.Get_group().Excl([0, 2])) if r % 2 else MPI.COMM_NULL
+    out["groups"] = (None if evens == MPI.COMM_NULL else evens.allgather(r),
+                     None if odd == MPI.COMM_NULL else odd.allreduce(r))
     node = c.Split_type(MPI.COMM_TYPE_SHARED)  # (one machine: every rank)
     out["node"] = (node.Get_size(), node.Get_rank(), node.allreduce(1))
     if r == 0:
@@ -293,6 +297,7 @@ def test_vector_collectives_and_probe_match_numpy(gang):
         assert v["reduce_scatter"] == total[start:start + r + 1].tolist()
         assert v["scan"] == [sum(q + 1.0 for q in range(r + 1)), r + 1.0]
         assert v["node"] == (p, r, p)
+        assert v["groups"] == ([2, 0] if r % 2 == 0 else None, 4 if r % 2 else None)
         assert v["nonblocking"] == ([float(sum(range(p))), float(p)], [0.0, 1.0, 2.0])
     assert vals[3]["probe"] == list(np.arange(6.0))
     assert vals[3].get("iprobe", False) is False

@@ -1,6 +1,8 @@
-"""mpi4py's vector collectives (``Gatherv``, ``Scatterv``, ``Allgatherv``, ``Alltoallv``,
-``Reduce_scatter``) and ``probe``/``iprobe`` on ``rayflow.hpc.MPI``, ranks as threads (no
-Ray), against numpy. The same calls on a Ray gang are in ``test_mpi_api.py``."""
+"""``rayflow.hpc.MPI`` on ranks that are threads (no Ray), against numpy: the vector
+collectives (``Gatherv``, ``Scatterv``, ``Allgatherv``, ``Alltoallv``, ``Reduce_scatter``),
+``probe``/``iprobe``, buffer ``Scan``/``Exscan``, ``Split_type``, the non-blocking
+collectives, and groups with the communicators made from them. The same calls on a Ray gang
+are in ``test_mpi_api.py``."""
 
 from __future__ import annotations
 
@@ -307,3 +309,50 @@ def test_a_nonblocking_collective_never_waits_at_its_call():
         return None, out.tolist()
 
     assert run_ranks(2, fn) == [((False, False), [3.0]), (None, [3.0])]
+
+
+def test_groups_and_the_communicators_made_from_them():
+    def fn(c):
+        r = c.rank
+        world = c.Get_group()
+        evens = world.Incl([2, 0])  # (order kept: rank 2 first)
+        odd = world.Excl([0, 2])
+        out = {"sizes": (world.Get_size(), evens.Get_size(), odd.Get_size()),
+               "ranks": (world.Get_rank(), evens.Get_rank(), odd.Get_rank()),
+               "translate": evens.Translate_ranks([0, 1], world),
+               "to_odd": world.Translate_ranks(None, odd),
+               "union": MPI.Group.Union(odd, evens).Translate_ranks(None, world),
+               "inter": MPI.Group.Intersection(world, evens).Translate_ranks(None, world),
+               "diff": MPI.Group.Difference(world, evens).Translate_ranks(None, world),
+               "range": world.Range_incl([(3, 0, -2)]).Translate_ranks(None, world),
+               "compare": (world.Compare(world.Dup()), evens.Compare(world.Incl([0, 2])),
+                           evens.Compare(odd)),
+               "empty": (MPI.GROUP_EMPTY.Get_size(), MPI.GROUP_EMPTY.Get_rank())}
+        sub = c.Create(evens)  # every rank calls it
+        out["create"] = (None if sub == MPI.COMM_NULL else
+                         (sub.Get_rank(), sub.Get_size(), sub.allgather(r)))
+        if r % 2:  # only the group's processes call Create_group, twice
+            a, b = c.Create_group(odd, tag=5), c.Create_group(odd, tag=5)
+            a.send(f"a{r}", dest=1 - a.Get_rank())
+            b.send(f"b{r}", dest=1 - b.Get_rank())
+            out["create_group"] = (b.recv(), a.recv(), a.Get_group().Compare(odd))
+        with pytest.raises(ValueError, match="ranks \\[4\\] must be distinct ranks"):
+            world.Incl([4])
+        return out
+
+    vals = run_ranks(4, fn)
+    for r, v in enumerate(vals):
+        assert v["sizes"] == (4, 2, 2)
+        assert v["ranks"] == (r, {2: 0, 0: 1}.get(r, MPI.UNDEFINED),
+                              {1: 0, 3: 1}.get(r, MPI.UNDEFINED))
+        assert v["translate"] == [2, 0]
+        assert v["to_odd"] == [MPI.UNDEFINED, 0, MPI.UNDEFINED, 1]
+        assert v["union"] == [1, 3, 2, 0] and v["inter"] == [0, 2] and v["diff"] == [1, 3]
+        assert v["range"] == [3, 1]
+        assert v["compare"] == (MPI.IDENT, MPI.SIMILAR, MPI.UNEQUAL)
+        assert v["empty"] == (0, MPI.UNDEFINED)
+        assert v["create"] == ({2: (0, 2, [2, 0]), 0: (1, 2, [2, 0])}.get(r))
+        if r % 2:
+            other = 4 - r  # 1 <-> 3
+            # each communicator's message stays in it, though both have the same group and tag
+            assert v["create_group"] == (f"b{other}", f"a{other}", MPI.IDENT)
