@@ -1,6 +1,7 @@
-"""Four unmodified mpi4py programs (compute pi, a ring, a matvec with Allgather, uneven rows
-with Scatterv/Gatherv and a manager that sizes results with Probe) run by
-``run_mpi`` on a shared gang (each backend) and by ``rayflow mpirun`` in a subprocess; outputs against numpy."""
+"""Unmodified mpi4py programs (compute pi, a ring, a matvec with Allgather, uneven rows with
+Scatterv/Gatherv and a manager that sizes results with Probe, and the calls whose results
+MPICH gave) run by ``run_mpi`` on a shared gang (each backend) and by ``rayflow mpirun`` in a
+subprocess; outputs against numpy, or against MPICH's."""
 
 from __future__ import annotations
 
@@ -71,6 +72,19 @@ def test_matvec_with_allgather(gang, tmp_path):
     out = tmp_path / "y.npy"
     assert _run(gang, "matvec.py", "5", str(out)) == ["[0] saved"]
     np.testing.assert_allclose(np.load(out), matvec_reference(5, 3), rtol=1e-12)
+
+
+def test_calls_give_what_mpich_gives(gang, tmp_path):
+    """Vector, prefix, non-blocking and group calls and probes, each rank's results beside
+    those the same program wrote under MPICH's mpiexec (its files, calls_mpich_n3/): the
+    same lines, to the bit (a -0.0 from a product stays -0.0)."""
+    nopoll = gang.backend == "gloo"  # (no iprobe, no probe from ANY_SOURCE)
+    assert _run(gang, "calls.py", str(tmp_path), *(["nopoll"] if nopoll else [])) == []
+    for r in range(3):
+        want = (PROGRAMS / "calls_mpich_n3" / f"rank{r}.txt").read_text().splitlines()
+        if nopoll:
+            want = [ln for ln in want if not ln.startswith("iprobe_none")]
+        assert (tmp_path / f"rank{r}.txt").read_text().splitlines() == want
 
 
 def rows_reference(n: int, size: int) -> list[str]:
