@@ -639,14 +639,12 @@ class Request:
             for i, r in enumerate(requests):
                 if r.Test(status):
                     return i
-            # the direct transport wakes on its doorbell when a peer sends; others sleep
             comm = next((r._comm for r in requests if r._comm is not None), None)
-            wait = getattr(comm._c._t, "wait_any", None) if comm is not None else None
-            if wait is not None:
-                wait(delay)
+            if comm is not None:
+                delay = comm._pause(delay)
             else:
                 time.sleep(delay)
-            delay = min(delay * 2, _POLL_MAX_S)
+                delay = min(delay * 2, _POLL_MAX_S)
 
     @staticmethod
     def waitany(requests: Sequence[Request], status: Status | None = None) -> tuple[int, Any]:
@@ -1067,13 +1065,17 @@ class Comm:
             if next(self._arrivals) - before > 1:  # something arrived: look again at once
                 delay = _POLL_MIN_S
                 continue
-            # the direct transport wakes on its doorbell when a peer sends; others sleep
-            wait = getattr(self._c._t, "wait_any", None)
-            if wait is not None:
-                wait(delay)
-            else:
-                time.sleep(delay)
-            delay = min(delay * 2, _POLL_MAX_S)
+            delay = self._pause(delay)
+
+    def _pause(self, delay: float) -> float:
+        """Wait ``delay`` seconds for a peer to send, and return the next, doubled pause:
+        the direct transport wakes on its doorbell when a peer sends; others sleep."""
+        wait = getattr(self._c._t, "wait_any", None)
+        if wait is not None:
+            wait(delay)
+        else:
+            time.sleep(delay)
+        return min(delay * 2, _POLL_MAX_S)
 
     # ------------------------------------------------------------ point-to-point, objects
     def send(self, obj: Any, dest: int, tag: int = 0) -> None:
@@ -1157,12 +1159,7 @@ class Comm:
             if next(self._arrivals) - before > 1:  # something came: look again at once
                 delay = _POLL_MIN_S
                 continue
-            wait = getattr(self._c._t, "wait_any", None)
-            if wait is not None:
-                wait(delay)
-            else:
-                time.sleep(delay)
-            delay = min(delay * 2, _POLL_MAX_S)
+            delay = self._pause(delay)
 
     # ------------------------------------------------------------ point-to-point, buffers
     def Send(self, buf: Any, dest: int, tag: int = 0) -> None:  # noqa: N802
@@ -1319,28 +1316,38 @@ class Comm:
         _copy_into(recvflat, out, "Allreduce")
 
     def Gather(self, sendbuf: Any, recvbuf: Any, root: int = 0) -> None:  # noqa: N802
+        self._gather_blocks("Gather", sendbuf, recvbuf, root, vector=False)
+
+    def _gather_blocks(self, where: str, sendbuf: Any, recvbuf: Any, root: int,
+                       vector: bool) -> None:
+        """Every rank's send buffer into the root's block for it: equal blocks (Gather,
+        where every rank's buffer travels described as one, checked against the root's
+        blocks) or blocks of their own lengths (Gatherv, each checked at the root)."""
         c = self._c
         is_root = c.rank == root
-        mine, chunks, error = None, None, None
+        mine, blocks, error = None, None, None
         try:
             if is_root:
-                chunks = _chunks(_buffer(recvbuf, "Gather", writable=True)[0], c.size, "Gather")
+                blocks = _vblocks(recvbuf, c.size, where, writable=True) if vector else \
+                    _chunks(_buffer(recvbuf, where, writable=True)[0], c.size, where)
             if sendbuf is IN_PLACE:
                 if not is_root:
-                    raise ValueError("Gather: IN_PLACE is for the root's send buffer only")
-                mine = chunks[root].copy()  # type: ignore[index]  # (the root has chunks)
+                    raise ValueError(f"{where}: IN_PLACE is for the root's send buffer only")
+                mine = blocks[root].copy()  # type: ignore[index]  # (the root has blocks)
             else:
-                mine = _buffer(sendbuf, "Gather")[0]
-            if is_root:
-                _same_items("Gather", "send buffer", mine, "receive buffer's blocks",
-                            chunks[root])  # type: ignore[index]
+                mine = _buffer(sendbuf, where)[0]
+            if is_root and not vector:
+                _same_items(where, "send buffer", mine, "receive buffer's blocks",
+                            blocks[root])  # type: ignore[index]
         except builtins.Exception as err:  # every rank raises it
             error = err
-        # the root's blocks must match what every rank sends: they travel described as one
-        vals = c._gather(mine, root, "Gather", _items(mine), error)
-        if vals is not None:  # (only at the root, which has chunks)
-            for chunk, v in zip(chunks, vals):  # type: ignore[arg-type]
-                _copy_into(chunk, v, "Gather")
+        vals = c._gather(mine, root, where, None if vector else _items(mine), error)
+        if vals is not None:  # (only at the root, which has blocks)
+            for r, (block, v) in enumerate(zip(blocks, vals)):  # type: ignore[arg-type]
+                if vector:
+                    _copy_block(block, v, where, r)
+                else:
+                    _copy_into(block, v, where)
 
     def Scatter(self, sendbuf: Any, recvbuf: Any, root: int = 0) -> None:  # noqa: N802
         c = self._c
@@ -1412,24 +1419,7 @@ class Comm:
     def Gatherv(self, sendbuf: Any, recvbuf: Any, root: int = 0) -> None:  # noqa: N802
         """Every rank's send buffer, of its own length, into the root's block for it
         (``recvbuf`` a vector spec: ``[buf, counts, displs, type]`` ...)."""
-        c = self._c
-        is_root = c.rank == root
-        mine, blocks, error = None, None, None
-        try:
-            if is_root:
-                blocks = _vblocks(recvbuf, c.size, "Gatherv", writable=True)
-            if sendbuf is IN_PLACE:
-                if not is_root:
-                    raise ValueError("Gatherv: IN_PLACE is for the root's send buffer only")
-                mine = blocks[root].copy()  # type: ignore[index]  # (the root has blocks)
-            else:
-                mine = _buffer(sendbuf, "Gatherv")[0]
-        except builtins.Exception as err:  # every rank raises it
-            error = err
-        vals = c._gather(mine, root, "Gatherv", None, error)
-        if vals is not None:  # (only at the root, which has blocks)
-            for r, (block, v) in enumerate(zip(blocks, vals)):  # type: ignore[arg-type]
-                _copy_block(block, v, "Gatherv", r)
+        self._gather_blocks("Gatherv", sendbuf, recvbuf, root, vector=True)
 
     def Scatterv(self, sendbuf: Any, recvbuf: Any, root: int = 0) -> None:  # noqa: N802
         """The root's block for each rank (``sendbuf`` a vector spec) into that rank's
