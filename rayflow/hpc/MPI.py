@@ -16,8 +16,8 @@ Covered, with mpi4py's names and signatures: communicators (``Get_rank``, ``Get_
 ``[buf, MPI.DOUBLE]`` specs (``Send`` ... ``Reduce_scatter_block``, ``Scan``, ``Exscan``,
 the vector collectives
 ``Gatherv``, ``Scatterv``, ``Allgatherv``, ``Alltoallv`` and ``Reduce_scatter`` on
-``[buf, counts, displs, type]`` specs, the non-blocking ``Ibarrier`` ...
-``Ireduce_scatter_block``, :data:`IN_PLACE`, :class:`Request`).
+``[buf, counts, displs, type]`` specs, the non-blocking ``Ibarrier`` ... ``Iexscan``,
+:data:`IN_PLACE`, :class:`Request`).
 
 Point-to-point follows MPI's matching rules: messages between a pair of ranks in one
 communicator are numbered, and a receive takes the first message that matches its source
@@ -1568,15 +1568,17 @@ class Comm:
                            finish)
 
     def _ireduce(self, where: str, sendbuf: Any, recvbuf: Any, op: Any, to: Sequence[int],
-                 part: int | None) -> Request:
-        """Every rank's buffer (or its block ``part`` of each rank's) to the ranks ``to``,
-        which fold what they get in rank order into their receive buffer."""
+                 split: Sequence[int] | str | None) -> Request:
+        """Every rank's buffer to the ranks ``to``, which fold what they get in rank order
+        into their receive buffer; with ``split``, rank ``r`` gets block ``r`` of each
+        rank's buffer only (``"equal"`` blocks, or blocks of the given counts)."""
         op = self._buffer_op(op, where)
         c = self._c
         recvflat = _buffer(recvbuf, where, writable=True)[0] if c.rank in to or \
             sendbuf is IN_PLACE else None
         mine = self._send_flat(sendbuf, recvflat, where).copy()
-        blocks = _chunks(mine, c.size, where) if part is not None else None
+        blocks = None if split is None else _chunks(mine, c.size, where) if split == "equal" \
+            else _vblocks([mine, list(split)], c.size, where)
         sends = {r: (blocks[r] if blocks is not None else mine) for r in to if r != c.rank}
         if c.rank not in to:
             return self._icoll(where, sends, (), lambda got: None)
@@ -1591,16 +1593,107 @@ class Comm:
         root = self._check_peer(root, "root")
         if sendbuf is IN_PLACE and self._c.rank != root:
             raise ValueError("Ireduce: IN_PLACE is for the root's send buffer only")
-        return self._ireduce("Ireduce", sendbuf, recvbuf, op, (root,), None)
+        return self._ireduce("Ireduce", sendbuf, recvbuf, op, (root,), split=None)
 
     def Iallreduce(self, sendbuf: Any, recvbuf: Any, op: Op = SUM) -> Request:  # noqa: N802
-        return self._ireduce("Iallreduce", sendbuf, recvbuf, op, range(self._c.size), None)
+        return self._ireduce("Iallreduce", sendbuf, recvbuf, op, range(self._c.size),
+                             split=None)
 
     def Ireduce_scatter_block(self, sendbuf: Any, recvbuf: Any, op: Op = SUM) -> Request:  # noqa: N802
         """Each rank folds block ``rank`` of every rank's send buffer; the blocks travel
         straight to the rank that folds them."""
         return self._ireduce("Ireduce_scatter_block", sendbuf, recvbuf, op,
-                             range(self._c.size), part=1)
+                             range(self._c.size), split="equal")
+
+    def Ireduce_scatter(self, sendbuf: Any, recvbuf: Any,  # noqa: N802
+                        recvcounts: Sequence[int] | None = None, op: Op = SUM) -> Request:
+        """As :meth:`Reduce_scatter`, non-blocking. Without ``recvcounts`` the ranks first
+        tell each other their receive buffer lengths (a blocking exchange)."""
+        if recvcounts is None:
+            if sendbuf is IN_PLACE:
+                raise ValueError("Ireduce_scatter: IN_PLACE needs recvcounts (the receive "
+                                 "buffer holds the whole input)")
+            recvcounts = self._c.allgather(int(_buffer(recvbuf, "Ireduce_scatter")[0].size))
+        return self._ireduce("Ireduce_scatter", sendbuf, recvbuf, op, range(self._c.size),
+                             split=list(recvcounts))
+
+    def Igatherv(self, sendbuf: Any, recvbuf: Any, root: int = 0) -> Request:  # noqa: N802
+        c, root = self._c, self._check_peer(root, "root")
+        if c.rank != root:
+            return self._icoll("Igatherv", {root: _buffer(sendbuf, "Igatherv")[0]}, (),
+                               lambda got: None)
+        blocks = _vblocks(recvbuf, c.size, "Igatherv", writable=True)
+        if sendbuf is not IN_PLACE:
+            _copy_block(blocks[root], _buffer(sendbuf, "Igatherv")[0], "Igatherv", root)
+
+        def finish(got: dict) -> None:
+            for r, v in got.items():
+                _copy_block(blocks[r], v, "Igatherv", r)
+        return self._icoll("Igatherv", {}, self._others(), finish)
+
+    def Iscatterv(self, sendbuf: Any, recvbuf: Any, root: int = 0) -> Request:  # noqa: N802
+        c, root = self._c, self._check_peer(root, "root")
+        recvflat = None if recvbuf is IN_PLACE else \
+            _buffer(recvbuf, "Iscatterv", writable=True)[0]
+        if c.rank != root:
+            if recvflat is None:
+                raise ValueError("Iscatterv: IN_PLACE is for the root's receive buffer only")
+            return self._icoll("Iscatterv", {}, (root,),
+                               lambda got: _copy_into(recvflat, got[root], "Iscatterv"))
+        parts = _vblocks(sendbuf, c.size, "Iscatterv")
+        if recvflat is not None:
+            _copy_into(recvflat, parts[root], "Iscatterv")
+        return self._icoll("Iscatterv", {r: parts[r] for r in self._others()}, (),
+                           lambda got: None)
+
+    def Iallgatherv(self, sendbuf: Any, recvbuf: Any) -> Request:  # noqa: N802
+        c = self._c
+        blocks = _vblocks(recvbuf, c.size, "Iallgatherv", writable=True)
+        mine = blocks[c.rank].copy() if sendbuf is IN_PLACE else \
+            _buffer(sendbuf, "Iallgatherv")[0]
+        _copy_block(blocks[c.rank], mine, "Iallgatherv", c.rank)
+
+        def finish(got: dict) -> None:
+            for r, v in got.items():
+                _copy_block(blocks[r], v, "Iallgatherv", r)
+        return self._icoll("Iallgatherv", dict.fromkeys(self._others(), mine),
+                           self._others(), finish)
+
+    def Ialltoallv(self, sendbuf: Any, recvbuf: Any) -> Request:  # noqa: N802
+        c = self._c
+        blocks = _vblocks(recvbuf, c.size, "Ialltoallv", writable=True)
+        parts = [b.copy() for b in (blocks if sendbuf is IN_PLACE else
+                                    _vblocks(sendbuf, c.size, "Ialltoallv"))]
+        _copy_block(blocks[c.rank], parts[c.rank], "Ialltoallv", c.rank)
+
+        def finish(got: dict) -> None:
+            for r, v in got.items():
+                _copy_block(blocks[r], v, "Ialltoallv", r)
+        return self._icoll("Ialltoallv", {r: parts[r] for r in self._others()},
+                           self._others(), finish)
+
+    def Iscan(self, sendbuf: Any, recvbuf: Any, op: Op = SUM) -> Request:  # noqa: N802
+        return self._iprefix("Iscan", sendbuf, recvbuf, op, inclusive=True)
+
+    def Iexscan(self, sendbuf: Any, recvbuf: Any, op: Op = SUM) -> Request:  # noqa: N802
+        return self._iprefix("Iexscan", sendbuf, recvbuf, op, inclusive=False)
+
+    def _iprefix(self, where: str, sendbuf: Any, recvbuf: Any, op: Any,
+                 inclusive: bool) -> Request:
+        """Each rank's buffer to the ranks above it, which fold those of the ranks below
+        them (and their own, ``inclusive``) in rank order."""
+        op = self._buffer_op(op, where)
+        c = self._c
+        recvflat, _ = _buffer(recvbuf, where, writable=True)
+        mine = self._send_flat(sendbuf, recvflat, where).copy()
+        below = list(range(c.rank))
+
+        def finish(got: dict) -> None:
+            vals = [got[r] for r in below] + ([mine] if inclusive else [])
+            if vals:
+                _copy_into(recvflat, _fold(vals, op, where), where)
+        return self._icoll(where, dict.fromkeys(range(c.rank + 1, c.size), mine), below,
+                           finish)
 
     def _unsupported(name: str, what: str) -> Callable:  # type: ignore[misc]  # noqa: N805 - a class-body helper
         def method(self: Comm, *args: Any, **kwargs: Any) -> Any:
@@ -1612,9 +1705,6 @@ class Comm:
     locals()["Alltoallw"] = _unsupported("Alltoallw", "derived datatypes per block")
     for _n in ("mprobe", "improbe", "Mprobe", "Improbe"):
         locals()[_n] = _unsupported(_n, "matched probes")
-    for _n in ("Igatherv", "Iscatterv", "Iallgatherv", "Ialltoallv", "Ireduce_scatter",
-               "Iscan", "Iexscan"):
-        locals()[_n] = _unsupported(_n, "non-blocking vector and prefix collectives")
     for _n in ("Send_init", "Recv_init"):
         locals()[_n] = _unsupported(_n, "persistent requests")
     del _n

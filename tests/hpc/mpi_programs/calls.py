@@ -87,6 +87,31 @@ if r == 0:
     show("igather", ig.tolist())
     show("ireduce", ired.tolist())
 
+# non-blocking vector and prefix collectives
+vg = np.full(sum(counts) + 2 * p + 1, -1, dtype="i")
+vs = np.full(r + 1, -1.0)
+vag = np.zeros(sum(counts))
+vrecv = np.zeros(sum(rc))
+vrs = np.zeros(r + 1)
+isc_, iex = np.zeros(2), np.full(2, 99.0)
+reqs = [c.Igatherv(np.full(r + 1, r, dtype="i"), [vg, counts, displs, MPI.INT] if r == 0
+                   else None, root=0),
+        c.Iscatterv([big, counts, displs, MPI.DOUBLE] if r == p - 1 else None, vs,
+                    root=p - 1),
+        c.Iallgatherv(np.full(r + 1, r + 0.5), [vag, counts, None, MPI.DOUBLE]),
+        c.Ialltoallv([send, sc, None, MPI.DOUBLE], [vrecv, rc, None, MPI.DOUBLE]),
+        c.Ireduce_scatter(x, vrs, counts, op=MPI.SUM),
+        c.Iscan(np.array([r + 1.0, -r]), isc_, op=MPI.SUM),
+        c.Iexscan(np.array([r + 1.0, -r]), iex, op=MPI.PROD)]
+MPI.Request.Waitall(reqs)
+for name, a in (("iscatterv", vs), ("iallgatherv", vag), ("ialltoallv", vrecv),
+                ("ireduce_scatter", vrs), ("iscan", isc_)):
+    show(name, a.tolist())
+if r == 0:
+    show("igatherv", vg.tolist())
+else:
+    show("iexscan", iex.tolist())
+
 # groups and the communicators made from them
 world = c.Get_group()
 evens = world.Incl(list(range(p - 1, -1, -2)))
