@@ -1614,6 +1614,10 @@ class Comm:
                 raise ValueError("Ireduce_scatter: IN_PLACE needs recvcounts (the receive "
                                  "buffer holds the whole input)")
             recvcounts = self._c.allgather(int(_buffer(recvbuf, "Ireduce_scatter")[0].size))
+        items = _buffer(recvbuf if sendbuf is IN_PLACE else sendbuf, "Ireduce_scatter")[0].size
+        if sum(recvcounts) != items:
+            raise ValueError(f"Ireduce_scatter: recvcounts {list(recvcounts)} add up to "
+                             f"{sum(recvcounts)} items; the send buffer has {items}")
         return self._ireduce("Ireduce_scatter", sendbuf, recvbuf, op, range(self._c.size),
                              split=list(recvcounts))
 

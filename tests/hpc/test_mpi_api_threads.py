@@ -356,3 +356,13 @@ def test_groups_and_the_communicators_made_from_them():
             other = 4 - r  # 1 <-> 3
             # each communicator's message stays in it, though both have the same group and tag
             assert v["create_group"] == (f"b{other}", f"a{other}", MPI.IDENT)
+
+
+def test_ireduce_scatter_counts_must_add_up_to_the_send_buffer():
+    def fn(c):
+        with pytest.raises(ValueError, match="recvcounts \\[1, 1\\] add up to 2 items; the "
+                                             "send buffer has 3"):
+            c.Ireduce_scatter(np.zeros(3), np.zeros(1), [1, 1])
+        return True
+
+    assert run_ranks(2, fn) == [True, True]
