@@ -17,7 +17,8 @@ Covered, with mpi4py's names and signatures: communicators (``Get_rank``, ``Get_
 the vector collectives
 ``Gatherv``, ``Scatterv``, ``Allgatherv``, ``Alltoallv`` and ``Reduce_scatter`` on
 ``[buf, counts, displs, type]`` specs, the non-blocking ``Ibarrier`` ... ``Iexscan``,
-:data:`IN_PLACE`, :class:`Request`).
+:data:`IN_PLACE`, :class:`Request`, persistent :class:`Prequest`), and matched probes
+(``mprobe``, :class:`Message`).
 
 Point-to-point follows MPI's matching rules: messages between a pair of ranks in one
 communicator are numbered, and a receive takes the first message that matches its source
@@ -29,8 +30,8 @@ Collectives run on :class:`rayflow.hpc.comm.Communicator` and are matched in cal
 
 Not supported, raising ``NotImplementedError`` naming the feature: one-sided communication
 (``Win``), MPI-IO (``File``), intercommunicators and dynamic processes (``Spawn``,
-``Intercomm``), graph topologies, derived datatypes (``Alltoallw``), persistent requests
-and matched probes (``mprobe``), and buffer ``MAXLOC``/``MINLOC`` (the lowercase
+``Intercomm``), graph topologies, derived datatypes (``Alltoallw``), ``Cancel``, and
+buffer ``MAXLOC``/``MINLOC`` (the lowercase
 methods support them on ``(value, index)`` pairs).
 
 No Ray is imported by this module. It is one module, over 1,000 lines, because it mirrors
@@ -652,6 +653,98 @@ class Request:
         return i, (requests[i]._value if i != UNDEFINED else None)
 
 
+class Prequest(Request):
+    """A persistent request (``Send_init``/``Recv_init``): each ``Start`` begins the same
+    send or receive again, each ``Wait`` or ``Test`` completes it; inactive (before the
+    first ``Start``, after a ``Wait``), ``Wait`` returns at once."""
+
+    def __init__(self, begin: Callable[[], Request], where: str):
+        super().__init__(None, PROC_NULL, ANY_TAG, None, where)
+        self._begin = begin
+        self._active: Request | None = None
+
+    def Start(self) -> None:  # noqa: N802
+        if self._active is not None and not self._active._done:
+            raise Exception(f"{self._where}: Start on a request still active (Wait for it "
+                            f"first)", ERR_OTHER)
+        self._active = self._begin()
+        self._done = self._active._done
+
+    @staticmethod
+    def Startall(requests: Sequence[Prequest]) -> None:  # noqa: N802
+        for r in requests:
+            r.Start()
+
+    def Wait(self, status: Status | None = None) -> bool:  # noqa: N802
+        if self._active is None:
+            self._fill(status)
+        else:
+            self._active.Wait(status)
+            self._value, self._done = self._active._value, True
+        return True
+
+    def Test(self, status: Status | None = None) -> bool:  # noqa: N802
+        if self._active is None:
+            self._fill(status)
+            return True
+        self._done = self._active.Test(status)
+        self._value = self._active._value
+        return self._done
+
+
+class Message:
+    """A message matched by ``mprobe``/``improbe`` and taken out of matching: only its
+    own ``recv``/``Recv`` (or ``irecv``/``Irecv``) receives it, once."""
+
+    def __init__(self, entry: tuple[int, int, Any, bool] | None):
+        self._entry = entry  # (source, tag, message, sent as a buffer)
+
+    def __bool__(self) -> bool:
+        return self._entry is not None
+
+    def _take(self, status: Status | None, where: str) -> tuple[int, int, Any, bool]:
+        if self._entry is None:
+            raise Exception(f"Message.{where}: the message was received already (or is "
+                            f"MESSAGE_NULL)", ERR_OTHER)
+        entry, self._entry = self._entry, None
+        if status is not None:
+            if entry[0] == PROC_NULL:
+                status.source, status.tag, status._nbytes, status._pickled = \
+                    PROC_NULL, ANY_TAG, 0, False
+            else:
+                status._set(*entry)
+        return entry
+
+    def recv(self, status: Status | None = None) -> Any:
+        source, tag, obj, is_buffer = self._take(status, "recv")
+        if is_buffer and source != PROC_NULL:
+            raise TypeError(f"Message.recv: the message from rank {source} (tag {tag}) was "
+                            f"sent with a buffer method; receive it with Recv")
+        return None if source == PROC_NULL else obj
+
+    def Recv(self, buf: Any, status: Status | None = None) -> None:  # noqa: N802
+        flat, _ = _buffer(buf, "Message.Recv", writable=True)
+        source, tag, obj, is_buffer = self._take(status, "Recv")
+        if source == PROC_NULL:
+            return
+        if not is_buffer:
+            raise TypeError(f"Message.Recv: the message from rank {source} (tag {tag}) was "
+                            f"sent with a lowercase method; receive it with recv")
+        _copy_into(flat, obj, "Message.Recv")
+
+    def irecv(self) -> Request:
+        req = Request(None, PROC_NULL)
+        req._value = self.recv()
+        return req
+
+    def Irecv(self, buf: Any) -> Request:  # noqa: N802
+        self.Recv(buf)
+        return Request(None, PROC_NULL)
+
+
+MESSAGE_NULL = Message(None)
+
+
 class _CollRequest(Request):
     """A non-blocking collective. What it sends went out when it was called (sends are
     buffered, so a call never waits on another rank); what it receives, one message from
@@ -1122,6 +1215,34 @@ class Comm:
     Probe = probe
     Iprobe = iprobe
 
+    def mprobe(self, source: int = ANY_SOURCE, tag: int = ANY_TAG,
+               status: Status | None = None) -> Message:
+        """As :meth:`probe`, and the message is taken out of matching: only the returned
+        :class:`Message` receives it (no other receive or probe sees it)."""
+        self._probe(source, tag, status, True, "mprobe")
+        return self._take_matched(source, tag)
+
+    def improbe(self, source: int = ANY_SOURCE, tag: int = ANY_TAG,
+                status: Status | None = None) -> Message | None:
+        """As :meth:`iprobe`, with the message taken as :meth:`mprobe` takes it; None
+        when none can be received now."""
+        if not self._probe(source, tag, status, False, "improbe"):
+            return None
+        return self._take_matched(source, tag)
+
+    Mprobe = mprobe
+    Improbe = improbe
+
+    def _take_matched(self, source: int, tag: int) -> Message:
+        if source == PROC_NULL:
+            return Message((PROC_NULL, ANY_TAG, None, True))
+        hit = self._find_unmatched(source, tag)
+        assert hit is not None  # (the probe found it; nothing else ran since)
+        _, src, j = hit
+        _, t, obj, is_buffer = self._unmatched[src][j]
+        del self._unmatched[src][j]
+        return Message((src, t, obj, is_buffer))
+
     def _probe(self, source: int, tag: int, status: Status | None, block: bool,
                where: str) -> bool:
         source = self._check_peer(source, "source", wildcard=True)
@@ -1186,6 +1307,19 @@ class Comm:
     def Irecv(self, buf: Any, source: int = ANY_SOURCE, tag: int = ANY_TAG) -> Request:  # noqa: N802
         flat, _ = _buffer(buf, "Irecv", writable=True)
         return self._post_recv(source, tag, flat, "Irecv")
+
+    def Send_init(self, buf: Any, dest: int, tag: int = 0) -> Prequest:  # noqa: N802
+        """A persistent send of ``buf``: each ``Start`` sends what it holds then."""
+        return Prequest(lambda: self.Isend(buf, dest, tag), "Send_init")
+
+    Ssend_init = Send_init
+    Bsend_init = Send_init
+    Rsend_init = Send_init
+
+    def Recv_init(self, buf: Any, source: int = ANY_SOURCE,  # noqa: N802
+                  tag: int = ANY_TAG) -> Prequest:
+        """A persistent receive into ``buf``: each ``Start`` posts it again."""
+        return Prequest(lambda: self.Irecv(buf, source, tag), "Recv_init")
 
     def Sendrecv(self, sendbuf: Any, dest: int, sendtag: int = 0, recvbuf: Any = None,  # noqa: N802
                  source: int = ANY_SOURCE, recvtag: int = ANY_TAG,
@@ -1511,61 +1645,89 @@ class Comm:
         return self._icoll("Ibcast", {}, (root,),
                            lambda got: _copy_into(flat, got[root], "Ibcast"))
 
+    def _iblocks(self, spec: Any, where: str, vector: bool,
+                 writable: bool = False) -> list[np.ndarray]:
+        """The per-rank blocks of a buffer: equal (``Igather`` ...) or of a vector spec
+        (``Igatherv`` ...)."""
+        if vector:
+            return _vblocks(spec, self._c.size, where, writable)
+        return _chunks(_buffer(spec, where, writable)[0], self._c.size, where)
+
     def Igather(self, sendbuf: Any, recvbuf: Any, root: int = 0) -> Request:  # noqa: N802
+        return self._igather("Igather", sendbuf, recvbuf, root, vector=False)
+
+    def Igatherv(self, sendbuf: Any, recvbuf: Any, root: int = 0) -> Request:  # noqa: N802
+        return self._igather("Igatherv", sendbuf, recvbuf, root, vector=True)
+
+    def _igather(self, where: str, sendbuf: Any, recvbuf: Any, root: int,
+                 vector: bool) -> Request:
         c, root = self._c, self._check_peer(root, "root")
         if c.rank != root:
-            return self._icoll("Igather", {root: _buffer(sendbuf, "Igather")[0]}, (),
-                               lambda got: None)
-        chunks = _chunks(_buffer(recvbuf, "Igather", writable=True)[0], c.size, "Igather")
+            return self._icoll(where, {root: _buffer(sendbuf, where)[0]}, (), lambda got: None)
+        blocks = self._iblocks(recvbuf, where, vector, writable=True)
         if sendbuf is not IN_PLACE:
-            _copy_block(chunks[root], _buffer(sendbuf, "Igather")[0], "Igather", root)
+            _copy_block(blocks[root], _buffer(sendbuf, where)[0], where, root)
+        return self._icoll(where, {}, self._others(), self._into_blocks(blocks, where))
 
+    @staticmethod
+    def _into_blocks(blocks: list[np.ndarray], where: str) -> Callable[[dict], None]:
+        """A request's finish: what each rank sent into its block."""
         def finish(got: dict) -> None:
             for r, v in got.items():
-                _copy_block(chunks[r], v, "Igather", r)
-        return self._icoll("Igather", {}, self._others(), finish)
+                _copy_block(blocks[r], v, where, r)
+        return finish
 
     def Iscatter(self, sendbuf: Any, recvbuf: Any, root: int = 0) -> Request:  # noqa: N802
+        return self._iscatter("Iscatter", sendbuf, recvbuf, root, vector=False)
+
+    def Iscatterv(self, sendbuf: Any, recvbuf: Any, root: int = 0) -> Request:  # noqa: N802
+        return self._iscatter("Iscatterv", sendbuf, recvbuf, root, vector=True)
+
+    def _iscatter(self, where: str, sendbuf: Any, recvbuf: Any, root: int,
+                  vector: bool) -> Request:
         c, root = self._c, self._check_peer(root, "root")
-        recvflat = None if recvbuf is IN_PLACE else \
-            _buffer(recvbuf, "Iscatter", writable=True)[0]
+        recvflat = None if recvbuf is IN_PLACE else _buffer(recvbuf, where, writable=True)[0]
         if c.rank != root:
             if recvflat is None:
-                raise ValueError("Iscatter: IN_PLACE is for the root's receive buffer only")
-            return self._icoll("Iscatter", {}, (root,),
-                               lambda got: _copy_into(recvflat, got[root], "Iscatter"))
-        parts = _chunks(_buffer(sendbuf, "Iscatter")[0], c.size, "Iscatter")
+                raise ValueError(f"{where}: IN_PLACE is for the root's receive buffer only")
+            return self._icoll(where, {}, (root,),
+                               lambda got: _copy_into(recvflat, got[root], where))
+        parts = self._iblocks(sendbuf, where, vector)
         if recvflat is not None:
-            _copy_block(recvflat, parts[root], "Iscatter", root)
-        return self._icoll("Iscatter", {r: parts[r] for r in self._others()}, (),
-                           lambda got: None)
+            if vector:
+                _copy_into(recvflat, parts[root], where)
+            else:
+                _copy_block(recvflat, parts[root], where, root)
+        return self._icoll(where, {r: parts[r] for r in self._others()}, (), lambda got: None)
 
     def Iallgather(self, sendbuf: Any, recvbuf: Any) -> Request:  # noqa: N802
-        c = self._c
-        chunks = _chunks(_buffer(recvbuf, "Iallgather", writable=True)[0], c.size,
-                         "Iallgather")
-        mine = chunks[c.rank].copy() if sendbuf is IN_PLACE else \
-            _buffer(sendbuf, "Iallgather")[0]
-        _copy_block(chunks[c.rank], mine, "Iallgather", c.rank)
+        return self._iallgather("Iallgather", sendbuf, recvbuf, vector=False)
 
-        def finish(got: dict) -> None:
-            for r, v in got.items():
-                _copy_block(chunks[r], v, "Iallgather", r)
-        return self._icoll("Iallgather", dict.fromkeys(self._others(), mine), self._others(),
-                           finish)
+    def Iallgatherv(self, sendbuf: Any, recvbuf: Any) -> Request:  # noqa: N802
+        return self._iallgather("Iallgatherv", sendbuf, recvbuf, vector=True)
+
+    def _iallgather(self, where: str, sendbuf: Any, recvbuf: Any, vector: bool) -> Request:
+        c = self._c
+        blocks = self._iblocks(recvbuf, where, vector, writable=True)
+        mine = blocks[c.rank].copy() if sendbuf is IN_PLACE else _buffer(sendbuf, where)[0]
+        _copy_block(blocks[c.rank], mine, where, c.rank)
+        return self._icoll(where, dict.fromkeys(self._others(), mine), self._others(),
+                           self._into_blocks(blocks, where))
 
     def Ialltoall(self, sendbuf: Any, recvbuf: Any) -> Request:  # noqa: N802
-        c = self._c
-        recv = _chunks(_buffer(recvbuf, "Ialltoall", writable=True)[0], c.size, "Ialltoall")
-        send = _chunks(self._send_flat(sendbuf, _buffer(recvbuf, "Ialltoall")[0],
-                                       "Ialltoall"), c.size, "Ialltoall")
-        _copy_block(recv[c.rank], send[c.rank].copy(), "Ialltoall", c.rank)
+        return self._ialltoall("Ialltoall", sendbuf, recvbuf, vector=False)
 
-        def finish(got: dict) -> None:
-            for r, v in got.items():
-                _copy_block(recv[r], v, "Ialltoall", r)
-        return self._icoll("Ialltoall", {r: send[r] for r in self._others()}, self._others(),
-                           finish)
+    def Ialltoallv(self, sendbuf: Any, recvbuf: Any) -> Request:  # noqa: N802
+        return self._ialltoall("Ialltoallv", sendbuf, recvbuf, vector=True)
+
+    def _ialltoall(self, where: str, sendbuf: Any, recvbuf: Any, vector: bool) -> Request:
+        c = self._c
+        blocks = self._iblocks(recvbuf, where, vector, writable=True)
+        parts = [b.copy() for b in (blocks if sendbuf is IN_PLACE else
+                                    self._iblocks(sendbuf, where, vector))]
+        _copy_block(blocks[c.rank], parts[c.rank], where, c.rank)
+        return self._icoll(where, {r: parts[r] for r in self._others()}, self._others(),
+                           self._into_blocks(blocks, where))
 
     def _ireduce(self, where: str, sendbuf: Any, recvbuf: Any, op: Any, to: Sequence[int],
                  split: Sequence[int] | str | None) -> Request:
@@ -1621,61 +1783,6 @@ class Comm:
         return self._ireduce("Ireduce_scatter", sendbuf, recvbuf, op, range(self._c.size),
                              split=list(recvcounts))
 
-    def Igatherv(self, sendbuf: Any, recvbuf: Any, root: int = 0) -> Request:  # noqa: N802
-        c, root = self._c, self._check_peer(root, "root")
-        if c.rank != root:
-            return self._icoll("Igatherv", {root: _buffer(sendbuf, "Igatherv")[0]}, (),
-                               lambda got: None)
-        blocks = _vblocks(recvbuf, c.size, "Igatherv", writable=True)
-        if sendbuf is not IN_PLACE:
-            _copy_block(blocks[root], _buffer(sendbuf, "Igatherv")[0], "Igatherv", root)
-
-        def finish(got: dict) -> None:
-            for r, v in got.items():
-                _copy_block(blocks[r], v, "Igatherv", r)
-        return self._icoll("Igatherv", {}, self._others(), finish)
-
-    def Iscatterv(self, sendbuf: Any, recvbuf: Any, root: int = 0) -> Request:  # noqa: N802
-        c, root = self._c, self._check_peer(root, "root")
-        recvflat = None if recvbuf is IN_PLACE else \
-            _buffer(recvbuf, "Iscatterv", writable=True)[0]
-        if c.rank != root:
-            if recvflat is None:
-                raise ValueError("Iscatterv: IN_PLACE is for the root's receive buffer only")
-            return self._icoll("Iscatterv", {}, (root,),
-                               lambda got: _copy_into(recvflat, got[root], "Iscatterv"))
-        parts = _vblocks(sendbuf, c.size, "Iscatterv")
-        if recvflat is not None:
-            _copy_into(recvflat, parts[root], "Iscatterv")
-        return self._icoll("Iscatterv", {r: parts[r] for r in self._others()}, (),
-                           lambda got: None)
-
-    def Iallgatherv(self, sendbuf: Any, recvbuf: Any) -> Request:  # noqa: N802
-        c = self._c
-        blocks = _vblocks(recvbuf, c.size, "Iallgatherv", writable=True)
-        mine = blocks[c.rank].copy() if sendbuf is IN_PLACE else \
-            _buffer(sendbuf, "Iallgatherv")[0]
-        _copy_block(blocks[c.rank], mine, "Iallgatherv", c.rank)
-
-        def finish(got: dict) -> None:
-            for r, v in got.items():
-                _copy_block(blocks[r], v, "Iallgatherv", r)
-        return self._icoll("Iallgatherv", dict.fromkeys(self._others(), mine),
-                           self._others(), finish)
-
-    def Ialltoallv(self, sendbuf: Any, recvbuf: Any) -> Request:  # noqa: N802
-        c = self._c
-        blocks = _vblocks(recvbuf, c.size, "Ialltoallv", writable=True)
-        parts = [b.copy() for b in (blocks if sendbuf is IN_PLACE else
-                                    _vblocks(sendbuf, c.size, "Ialltoallv"))]
-        _copy_block(blocks[c.rank], parts[c.rank], "Ialltoallv", c.rank)
-
-        def finish(got: dict) -> None:
-            for r, v in got.items():
-                _copy_block(blocks[r], v, "Ialltoallv", r)
-        return self._icoll("Ialltoallv", {r: parts[r] for r in self._others()},
-                           self._others(), finish)
-
     def Iscan(self, sendbuf: Any, recvbuf: Any, op: Op = SUM) -> Request:  # noqa: N802
         return self._iprefix("Iscan", sendbuf, recvbuf, op, inclusive=True)
 
@@ -1707,11 +1814,6 @@ class Comm:
         return method
 
     locals()["Alltoallw"] = _unsupported("Alltoallw", "derived datatypes per block")
-    for _n in ("mprobe", "improbe", "Mprobe", "Improbe"):
-        locals()[_n] = _unsupported(_n, "matched probes")
-    for _n in ("Send_init", "Recv_init"):
-        locals()[_n] = _unsupported(_n, "persistent requests")
-    del _n
 
 
 class Intracomm(Comm):
@@ -1864,8 +1966,6 @@ _UNSUPPORTED = {
     "Graphcomm": "graph topologies (MPI.Graphcomm)",
     "Distgraphcomm": "graph topologies (MPI.Distgraphcomm)",
     "Info": "MPI.Info",
-    "Message": "matched probes (MPI.Message)",
-    "Prequest": "persistent requests (MPI.Prequest)",
     "Grequest": "generalized requests (MPI.Grequest)",
     "Open_port": "dynamic processes (MPI.Open_port)",
     "Lookup_name": "dynamic processes (MPI.Lookup_name)",

@@ -366,3 +366,54 @@ def test_ireduce_scatter_counts_must_add_up_to_the_send_buffer():
         return True
 
     assert run_ranks(2, fn) == [True, True]
+
+
+def test_persistent_requests_repeat_their_send_and_receive():
+    """A halo exchange around a ring with Send_init/Recv_init, started three times: each
+    Start sends what the buffer holds then, and receives into the same buffer."""
+    def fn(c):
+        r, p = c.rank, c.size
+        out, inbox = np.zeros(2), np.zeros(2)
+        reqs = [c.Recv_init(inbox, source=(r - 1) % p, tag=4),
+                c.Send_init(out, dest=(r + 1) % p, tag=4)]
+        assert reqs[0].Test() is True and reqs[0].Wait() is True  # inactive: at once
+        seen = []
+        for step in range(3):
+            out[:] = (r, step)
+            MPI.Prequest.Startall(reqs)
+            MPI.Request.Waitall(reqs)
+            seen.append(inbox.tolist())
+        reqs[0].Start()
+        with pytest.raises(MPI.Exception, match="Start on a request still active"):
+            reqs[0].Start()
+        c.Send(np.array([-1.0, -1.0]), dest=(r + 1) % p, tag=4)
+        reqs[0].Wait()
+        return seen, inbox.tolist()
+
+    for r, (seen, last) in enumerate(run_ranks(3, fn)):
+        assert seen == [[float((r - 1) % 3), float(step)] for step in range(3)]
+        assert last == [-1.0, -1.0]
+
+
+def test_a_matched_probe_takes_the_message_out_of_matching():
+    def fn(c):
+        if c.rank == 0:
+            c.send({"a": 1}, dest=1, tag=1)
+            c.Send(np.arange(3.0), dest=1, tag=2)
+            c.send("later", dest=1, tag=1)
+            return None
+        st = MPI.Status()
+        m = c.mprobe(source=0, tag=1, status=st)
+        first = (st.Get_tag(), m.recv())
+        with pytest.raises(MPI.Exception, match="received already"):
+            m.recv()
+        # the next tag-1 message is the later one: the first is no longer there to match
+        second = c.recv(source=0, tag=1)
+        buf = np.zeros(3)
+        m2 = c.improbe(source=0, tag=2)
+        m2.Recv(buf)
+        none = c.improbe(source=0, tag=9)
+        nothing = c.mprobe(source=MPI.PROC_NULL).recv()
+        return first, second, buf.tolist(), none, nothing
+
+    assert run_ranks(2, fn)[1] == ((1, {"a": 1}), "later", [0.0, 1.0, 2.0], None, None)

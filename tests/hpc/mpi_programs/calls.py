@@ -1,6 +1,7 @@
-"""mpi4py's vector, prefix, non-blocking and group calls and probes, each rank's results
-written to DIR/rank<r>.txt: `mpiexec -n 3 python calls.py DIR` (MPICH 4, mpi4py 4.1) wrote
-the files in calls_mpich_n3/, which the tests compare with this program's under rayflow.
+"""mpi4py's vector, prefix, non-blocking, persistent and group calls and probes, each
+rank's results written to DIR/rank<r>.txt: `mpiexec -n 3 python calls.py DIR` (MPICH 4,
+mpi4py 4.1) wrote the files in calls_mpich_n3/, which the tests compare with this
+program's under rayflow.
 
     python calls.py DIR [nopoll]
 
@@ -144,6 +145,21 @@ else:
         show("iprobe_none", c.iprobe(source=0, tag=55))
     else:
         show("probe_obj", (0, 100, c.recv(source=0, tag=100)))
+# persistent requests around the ring, and a matched probe
+ring_out, ring_in = np.zeros(2), np.zeros(2)
+pers = [c.Recv_init(ring_in, source=(r - 1) % p, tag=7),
+        c.Send_init(ring_out, dest=(r + 1) % p, tag=7)]
+for step in range(2):
+    ring_out[:] = (r, step)
+    MPI.Prequest.Startall(pers)
+    MPI.Request.Waitall(pers)
+    show(f"persistent{step}", ring_in.tolist())
+for q in pers:
+    q.Free()
+c.send(("m", r), dest=(r + 1) % p, tag=8)
+mst = MPI.Status()
+msg = c.mprobe(source=(r - 1) % p, tag=8, status=mst)
+show("mprobe", (mst.Get_source(), mst.Get_tag(), msg.recv()))
 c.Set_errhandler(MPI.ERRORS_RETURN)
 show("errhandler", c.Get_errhandler() == MPI.ERRORS_RETURN)
 c.Barrier()
