@@ -156,9 +156,33 @@ def _keyed():
     (lambda s: s.window("w", "tumbling", __import__("rayflow.operators.windows", fromlist=[
         "x"]).Count()), "step 'w': window: the windower must be a CountWindow"),
     (lambda s: s.window("w", TumblingWindow(1.0), sum),
-     "step 'w': window: the aggregator must be an Aggregator"),
+     "step 'w': window: the aggregator must have create\\(\\), add\\(acc, record\\)"),
 ])
 def test_a_step_given_what_cannot_run_is_an_error_naming_it(add, message):
     """Met when the flow is defined, not as an error in every record once it runs."""
     with pytest.raises(ConfigError, match=message):
         add(_keyed())
+
+
+def test_a_window_takes_an_aggregator_of_its_own_that_does_not_subclass_aggregator(
+        ray_session):
+    """Duck typing, as the guide says: create, add, merge, result."""
+    class Longest:
+        def create(self):
+            return ""
+
+        def add(self, acc, word):
+            return max(acc, word, key=len)
+
+        def merge(self, a, b):
+            return max(a, b, key=len)
+
+        def result(self, acc):
+            return acc
+
+    f = Dataflow("own")
+    (f.source("in", MemorySource(["a", "bbb", "cc"])).key_by(lambda w: "all")
+      .window("w", __import__("rayflow.operators.windows", fromlist=["x"]).CountWindow(3),
+              Longest())
+      .sink("out", CollectSink()))
+    assert [r.value for r in f.run(timeout_s=60).collect("out")] == ["bbb"]

@@ -118,9 +118,11 @@ class Windowed(OperatorSpec):
                                           SessionWindow)):
             raise ValueError(f"window: the windower must be a CountWindow, TumblingWindow, "
                              f"SlidingWindow or SessionWindow, got {self.windower!r}")
-        if not isinstance(self.aggregator, Aggregator):
-            raise ValueError(f"window: the aggregator must be an Aggregator (Count(), Sum(...), "
-                             f"MinMax(...), Reduce(...) or a subclass), got {self.aggregator!r}")
+        if not all(callable(getattr(self.aggregator, m, None))
+                   for m in ("create", "add", "result")):
+            raise ValueError(f"window: the aggregator must have create(), add(acc, record) and "
+                             f"result(acc) (Count(), Sum(...), MinMax(...), Reduce(...), an "
+                             f"Aggregator subclass or your own), got {self.aggregator!r}")
 
     @property
     def event_time(self) -> bool:
