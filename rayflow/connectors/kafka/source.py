@@ -84,8 +84,9 @@ class KafkaSource(SourceSpec):
         if self.start not in get_args(Start):
             from rayflow.config import did_you_mean
 
+            starts = get_args(Start)
             raise ValueError(f"KafkaSource: start={self.start!r} is not one of "
-                             f"{list(get_args(Start))}{did_you_mean(str(self.start), get_args(Start))}")
+                             f"{list(starts)}{did_you_mean(str(self.start), starts)}")
         check_number("KafkaSource", "commit_interval_s", self.commit_interval_s)
         check_callable("KafkaSource", "deserializer", self.deserializer)
         given = [n for n in ("topic", "topics", "pattern") if getattr(self, n) is not None]
