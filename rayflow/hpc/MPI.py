@@ -14,11 +14,10 @@ Covered, with mpi4py's names and signatures: communicators (``Get_rank``, ``Get_
 ``allreduce``, ``barrier``) with tags, :data:`ANY_SOURCE`, :data:`ANY_TAG` and
 :class:`Status`, ``probe``/``iprobe``, and the uppercase buffer methods on numpy arrays or
 ``[buf, MPI.DOUBLE]`` specs (``Send`` ... ``Reduce_scatter_block``, ``Scan``, ``Exscan``,
-the vector collectives
-``Gatherv``, ``Scatterv``, ``Allgatherv``, ``Alltoallv`` and ``Reduce_scatter`` on
-``[buf, counts, displs, type]`` specs, the non-blocking ``Ibarrier`` ... ``Iexscan``,
-:data:`IN_PLACE`, :class:`Request`, persistent :class:`Prequest`), and matched probes
-(``mprobe``, :class:`Message`).
+the vector collectives ``Gatherv``, ``Scatterv``, ``Allgatherv``, ``Alltoallv`` and
+``Reduce_scatter`` on ``[buf, counts, displs, type]`` specs, the non-blocking ``Ibarrier``
+... ``Iexscan``, :data:`IN_PLACE`, :class:`Request`, persistent :class:`Prequest`), and
+matched probes (``mprobe``, :class:`Message`).
 
 Point-to-point follows MPI's matching rules: messages between a pair of ranks in one
 communicator are numbered, and a receive takes the first message that matches its source
@@ -450,7 +449,7 @@ def _vblocks(spec: Any, parts: int, where: str, writable: bool = False) -> list[
         raise ValueError(f"{where}: counts must be {parts} ints >= 0 (one per rank), got "
                          f"{counts!r}")
     if displs is None:
-        displs = np.concatenate([[0], np.cumsum(counts[:-1], dtype=np.int64)]).tolist()
+        displs = [0, *itertools.accumulate(counts[:-1])]
     displs = list(displs) if _is_seq(displs) else None
     if displs is None or len(displs) != parts or not all(
             isinstance(d, (int, np.integer)) and d >= 0 for d in displs):
@@ -521,6 +520,10 @@ class Status:
         self._pickled = False
 
     def _set(self, source: int, tag: int, obj: Any, is_buffer: bool) -> None:
+        """What a receive (or a probe) matched; from ``PROC_NULL``: nothing, no items."""
+        if source == PROC_NULL:
+            self.source, self.tag, self._nbytes, self._pickled = PROC_NULL, ANY_TAG, 0, False
+            return
         self.source, self.tag = source, tag
         if is_buffer:
             self._nbytes, self._pickled = int(np.asarray(obj).nbytes), False
@@ -578,11 +581,7 @@ class Request:
 
     def _fill(self, status: Status | None) -> None:
         if status is not None:
-            source, tag, obj, is_buffer = self._status
-            if source == PROC_NULL:
-                status.source, status.tag, status._nbytes, status._pickled = PROC_NULL, ANY_TAG, 0, False
-            else:
-                status._set(source, tag, obj, is_buffer)
+            status._set(*self._status)
 
     def Wait(self, status: Status | None = None) -> bool:  # noqa: N802
         if not self._done:
@@ -708,11 +707,7 @@ class Message:
                             f"MESSAGE_NULL)", ERR_OTHER)
         entry, self._entry = self._entry, None
         if status is not None:
-            if entry[0] == PROC_NULL:
-                status.source, status.tag, status._nbytes, status._pickled = \
-                    PROC_NULL, ANY_TAG, 0, False
-            else:
-                status._set(*entry)
+            status._set(*entry)
         return entry
 
     def recv(self, status: Status | None = None) -> Any:
@@ -745,6 +740,18 @@ class Message:
 MESSAGE_NULL = Message(None)
 
 
+def _try_recv_of(c: _comm.Communicator) -> Callable[[int, tuple], Any]:
+    """The transport's receive that does not block (``try_recv``), which ``ANY_SOURCE``,
+    ``Request.Test`` and ``iprobe`` need: NotImplementedError on a transport without."""
+    try_recv = getattr(c._t, "try_recv", None)
+    if try_recv is None:
+        raise NotImplementedError(
+            f"ANY_SOURCE, Request.Test and iprobe need a transport that can look for a "
+            f"message without blocking (try_recv); the {c.backend!r} backend has none "
+            f"(Wait works)")
+    return try_recv
+
+
 class _CollRequest(Request):
     """A non-blocking collective. What it sends went out when it was called (sends are
     buffered, so a call never waits on another rank); what it receives, one message from
@@ -757,7 +764,6 @@ class _CollRequest(Request):
         super().__init__(comm, PROC_NULL, ANY_TAG, None, where)
         self._got: dict[int, Any] = {}
         self._key, self._waiting, self._finish = key, list(sources), finish
-        self._done = False
         if not self._waiting:
             self._end()
 
@@ -779,12 +785,7 @@ class _CollRequest(Request):
     def Test(self, status: Status | None = None) -> bool:  # noqa: N802
         if not self._done:
             c = self._comm._c  # type: ignore[union-attr]
-            try_recv = getattr(c._t, "try_recv", None)
-            if try_recv is None:
-                raise NotImplementedError(
-                    f"{self._where}: Request.Test needs a transport that can look for a message "
-                    f"without blocking (try_recv); the {c.backend!r} backend has none (Wait "
-                    f"works)")
+            try_recv = _try_recv_of(c)
             still = []
             for src in self._waiting:
                 got = try_recv(c._members[src], self._key)
@@ -824,6 +825,7 @@ class Comm:
         self._arrivals = itertools.count()
         self._dup_seq = itertools.count()
         self._group_seq: dict[tuple, int] = {}  # (group, tag) -> communicators made of it
+        self._errhandler = ERRORS_RETURN
 
     # ------------------------------------------------------------ basics
     @property
@@ -868,13 +870,13 @@ class Comm:
         """A communicator of ``group``'s processes (a subset of this one's), ranked in the
         group's order; ``COMM_NULL`` on the others. Every rank of this communicator calls
         it."""
-        return self.Split(*self._in_group(group, "Create"))
+        rank = self._in_group(group, "Create")
+        return self.Split(UNDEFINED if rank == UNDEFINED else 0, rank)
 
     def Create_group(self, group: Group, tag: int = 0) -> Comm:  # noqa: N802
         """As :meth:`Create`, but only the group's processes call it (the others go on);
         ``COMM_NULL`` on a caller outside it."""
-        rank, _ = self._in_group(group, "Create_group")
-        if rank == UNDEFINED:
+        if self._in_group(group, "Create_group") == UNDEFINED:
             return COMM_NULL
         c = self._c
         members = group._members
@@ -886,17 +888,16 @@ class Comm:
                                             (c._ctx, "group", tag, members, n),
                                             attempt=c.attempt, check_roots=c.check_roots))
 
-    def _in_group(self, group: Group, where: str) -> tuple[int, int]:
-        """``(UNDEFINED or 0, this process's rank in group)`` after checking that the group's
-        processes all belong to this communicator."""
+    def _in_group(self, group: Group, where: str) -> int:
+        """This process's rank in ``group`` (``UNDEFINED`` outside it), after checking that
+        the group's processes all belong to this communicator."""
         if not isinstance(group, Group):
             raise TypeError(f"Comm.{where}: an MPI.Group, got {group!r}")
         outside = set(group._members) - set(self._c._members)
         if outside:
             raise ValueError(f"Comm.{where}: the group has processes outside this "
                              f"communicator (world ranks {sorted(outside)})")
-        rank = group.Get_rank()
-        return (UNDEFINED, 0) if rank == UNDEFINED else (0, rank)
+        return group.Get_rank()
 
     def Is_inter(self) -> bool:  # noqa: N802
         return False
@@ -960,7 +961,7 @@ class Comm:
         self._errhandler = errhandler
 
     def Get_errhandler(self) -> Errhandler:  # noqa: N802
-        return getattr(self, "_errhandler", ERRORS_RETURN)
+        return self._errhandler
 
     def Free(self) -> None:  # noqa: N802
         if self is COMM_WORLD or self is COMM_SELF:
@@ -1079,13 +1080,7 @@ class Comm:
                 return True
             got = c._t.recv(c._members[src], key)
         else:
-            try_recv = getattr(c._t, "try_recv", None)
-            if try_recv is None:
-                raise NotImplementedError(
-                    f"ANY_SOURCE, Request.Test and iprobe need a transport that can look for a "
-                    f"message without blocking (try_recv); the {c.backend!r} backend has none"
-                )
-            got = try_recv(c._members[src], key)
+            got = _try_recv_of(c)(c._members[src], key)
             if got is _transport.NO_MESSAGE:
                 return False
         self._recv_next[src] += 1
@@ -1099,15 +1094,24 @@ class Comm:
         if source == PROC_NULL:
             return Request(None, PROC_NULL, ANY_TAG, buf, where)
         req = Request(self, source, tag, buf, where)
-        best = self._find_unmatched(source, tag)
-        if best is not None:
-            _, src, j = best
-            _, t, obj, is_buffer = self._unmatched[src][j]
-            del self._unmatched[src][j]
-            req._complete(src, t, obj, is_buffer)
+        entry = self._take_unmatched(source, tag)
+        if entry is not None:
+            req._complete(*entry)
         else:
             self._posted.append(req)
         return req
+
+    def _take_unmatched(self, source: int, tag: int) -> tuple[int, int, Any, bool] | None:
+        """The kept message a receive from ``source`` with ``tag`` takes (see
+        :meth:`_find_unmatched`), out of the kept ones: ``(source, tag, message, sent as a
+        buffer)``; None if none."""
+        hit = self._find_unmatched(source, tag)
+        if hit is None:
+            return None
+        _, src, j = hit
+        _, t, obj, is_buffer = self._unmatched[src][j]
+        del self._unmatched[src][j]
+        return src, t, obj, is_buffer
 
     def _find_unmatched(self, source: int, tag: int) -> tuple[int, int, int] | None:
         """The message kept (arrived, not matched yet) that a receive from ``source`` with
@@ -1236,12 +1240,9 @@ class Comm:
     def _take_matched(self, source: int, tag: int) -> Message:
         if source == PROC_NULL:
             return Message((PROC_NULL, ANY_TAG, None, True))
-        hit = self._find_unmatched(source, tag)
-        assert hit is not None  # (the probe found it; nothing else ran since)
-        _, src, j = hit
-        _, t, obj, is_buffer = self._unmatched[src][j]
-        del self._unmatched[src][j]
-        return Message((src, t, obj, is_buffer))
+        entry = self._take_unmatched(source, tag)
+        assert entry is not None  # (the probe found it; nothing else ran since)
+        return Message(entry)
 
     def _probe(self, source: int, tag: int, status: Status | None, block: bool,
                where: str) -> bool:
@@ -1249,7 +1250,7 @@ class Comm:
         tag = self._check_tag(tag, "tag", wildcard=True)
         if source == PROC_NULL:  # (MPI: at once, from PROC_NULL, with no items)
             if status is not None:
-                status._set(PROC_NULL, ANY_TAG, np.empty(0), True)
+                status._set(PROC_NULL, ANY_TAG, None, True)
             return True
         rank = self._c.rank
         peers = [p for p in (self._peers() if source == ANY_SOURCE else [source])
@@ -1462,8 +1463,7 @@ class Comm:
         mine, blocks, error = None, None, None
         try:
             if is_root:
-                blocks = _vblocks(recvbuf, c.size, where, writable=True) if vector else \
-                    _chunks(_buffer(recvbuf, where, writable=True)[0], c.size, where)
+                blocks = self._iblocks(recvbuf, where, vector, writable=True)
             if sendbuf is IN_PLACE:
                 if not is_root:
                     raise ValueError(f"{where}: IN_PLACE is for the root's send buffer only")
@@ -1525,20 +1525,12 @@ class Comm:
 
     def Scan(self, sendbuf: Any, recvbuf: Any, op: Op = SUM) -> None:  # noqa: N802
         """Rank ``r`` gets ``op`` over the send buffers of ranks 0..r, elementwise."""
-        self._prefix(sendbuf, recvbuf, op, "Scan", inclusive=True)
+        self._prefix("Scan", sendbuf, recvbuf, op, inclusive=True).Wait()
 
     def Exscan(self, sendbuf: Any, recvbuf: Any, op: Op = SUM) -> None:  # noqa: N802
         """Rank ``r`` gets ``op`` over the send buffers of ranks 0..r-1; rank 0's receive
         buffer is left as it is (MPI leaves it undefined)."""
-        self._prefix(sendbuf, recvbuf, op, "Exscan", inclusive=False)
-
-    def _prefix(self, sendbuf: Any, recvbuf: Any, op: Any, where: str, inclusive: bool) -> None:
-        op = self._buffer_op(op, where)
-        recvflat, _ = _buffer(recvbuf, where, writable=True)
-        mine = self._send_flat(sendbuf, recvflat, where)
-        vals = self._c.allgather(mine)[:self._c.rank + (1 if inclusive else 0)]
-        if vals:
-            _copy_into(recvflat, _fold(vals, op, where), where)
+        self._prefix("Exscan", sendbuf, recvbuf, op, inclusive=False).Wait()
 
     def Reduce_scatter_block(self, sendbuf: Any, recvbuf: Any, op: Op = SUM) -> None:  # noqa: N802
         op = self._buffer_op(op, "Reduce_scatter_block")
@@ -1577,22 +1569,12 @@ class Comm:
 
     def Allgatherv(self, sendbuf: Any, recvbuf: Any) -> None:  # noqa: N802
         """Every rank's send buffer, of its own length, into every rank's block for it."""
-        c = self._c
-        blocks = _vblocks(recvbuf, c.size, "Allgatherv", writable=True)
-        mine = blocks[c.rank].copy() if sendbuf is IN_PLACE else \
-            _buffer(sendbuf, "Allgatherv")[0]
-        for r, (block, v) in enumerate(zip(blocks, c.allgather(mine))):
-            _copy_block(block, v, "Allgatherv", r)
+        self._iallgather("Allgatherv", sendbuf, recvbuf, vector=True).Wait()
 
     def Alltoallv(self, sendbuf: Any, recvbuf: Any) -> None:  # noqa: N802
         """Block ``r`` of each rank's send buffer to rank ``r``, into its block for the
         sender (both vector specs)."""
-        c = self._c
-        blocks = _vblocks(recvbuf, c.size, "Alltoallv", writable=True)
-        parts = [b.copy() for b in (blocks if sendbuf is IN_PLACE else
-                                    _vblocks(sendbuf, c.size, "Alltoallv"))]
-        for r, (block, v) in enumerate(zip(blocks, c.alltoall(parts))):
-            _copy_block(block, v, "Alltoallv", r)
+        self._ialltoall("Alltoallv", sendbuf, recvbuf, vector=True).Wait()
 
     def Reduce_scatter(self, sendbuf: Any, recvbuf: Any,  # noqa: N802
                        recvcounts: Sequence[int] | None = None, op: Op = SUM) -> None:
@@ -1600,21 +1582,7 @@ class Comm:
         ``recvcounts[r]`` items of block ``r`` (by default each rank's receive buffer
         length). With ``IN_PLACE`` the receive buffer holds the input, and ``recvcounts``
         is needed; the result goes to its start."""
-        op = self._buffer_op(op, "Reduce_scatter")
-        c = self._c
-        recvflat, _ = _buffer(recvbuf, "Reduce_scatter", writable=True)
-        if recvcounts is None:
-            if sendbuf is IN_PLACE:
-                raise ValueError("Reduce_scatter: IN_PLACE needs recvcounts (the receive "
-                                 "buffer holds the whole input)")
-            recvcounts = c.allgather(int(recvflat.size))
-        sendflat = self._send_flat(sendbuf, recvflat, "Reduce_scatter")
-        if sum(recvcounts) != sendflat.size:
-            raise ValueError(f"Reduce_scatter: recvcounts {list(recvcounts)} add up to "
-                             f"{sum(recvcounts)} items; the send buffer has {sendflat.size}")
-        parts = [b.copy() for b in _vblocks([sendflat, list(recvcounts)], c.size,
-                                            "Reduce_scatter")]
-        _copy_into(recvflat, _fold(c.alltoall(parts), op, "Reduce_scatter"), "Reduce_scatter")
+        self._reduce_scatter("Reduce_scatter", sendbuf, recvbuf, recvcounts, op).Wait()
 
     # ------------------------------------------------------------ non-blocking collectives
     # Each sends what it has to send at once and returns a request whose Wait receives the
@@ -1647,8 +1615,8 @@ class Comm:
 
     def _iblocks(self, spec: Any, where: str, vector: bool,
                  writable: bool = False) -> list[np.ndarray]:
-        """The per-rank blocks of a buffer: equal (``Igather`` ...) or of a vector spec
-        (``Igatherv`` ...)."""
+        """The per-rank blocks of a buffer: equal (``Gather``, ``Igather`` ...) or of a
+        vector spec (``Gatherv``, ``Igatherv`` ...)."""
         if vector:
             return _vblocks(spec, self._c.size, where, writable)
         return _chunks(_buffer(spec, where, writable)[0], self._c.size, where)
@@ -1771,28 +1739,37 @@ class Comm:
                         recvcounts: Sequence[int] | None = None, op: Op = SUM) -> Request:
         """As :meth:`Reduce_scatter`, non-blocking. Without ``recvcounts`` the ranks first
         tell each other their receive buffer lengths (a blocking exchange)."""
+        return self._reduce_scatter("Ireduce_scatter", sendbuf, recvbuf, recvcounts, op)
+
+    def _reduce_scatter(self, where: str, sendbuf: Any, recvbuf: Any,
+                        recvcounts: Sequence[int] | None, op: Any) -> Request:
+        """Block ``r`` (``recvcounts[r]`` items) of every rank's send buffer to rank ``r``,
+        which folds them: a ``Reduce_scatter`` waits for it, an ``Ireduce_scatter``
+        returns it."""
+        recvflat, _ = _buffer(recvbuf, where, writable=True)
         if recvcounts is None:
             if sendbuf is IN_PLACE:
-                raise ValueError("Ireduce_scatter: IN_PLACE needs recvcounts (the receive "
-                                 "buffer holds the whole input)")
-            recvcounts = self._c.allgather(int(_buffer(recvbuf, "Ireduce_scatter")[0].size))
-        items = _buffer(recvbuf if sendbuf is IN_PLACE else sendbuf, "Ireduce_scatter")[0].size
+                raise ValueError(f"{where}: IN_PLACE needs recvcounts (the receive buffer "
+                                 f"holds the whole input)")
+            recvcounts = self._c.allgather(int(recvflat.size))
+        items = recvflat.size if sendbuf is IN_PLACE else _buffer(sendbuf, where)[0].size
         if sum(recvcounts) != items:
-            raise ValueError(f"Ireduce_scatter: recvcounts {list(recvcounts)} add up to "
+            raise ValueError(f"{where}: recvcounts {list(recvcounts)} add up to "
                              f"{sum(recvcounts)} items; the send buffer has {items}")
-        return self._ireduce("Ireduce_scatter", sendbuf, recvbuf, op, range(self._c.size),
+        return self._ireduce(where, sendbuf, recvbuf, op, range(self._c.size),
                              split=list(recvcounts))
 
     def Iscan(self, sendbuf: Any, recvbuf: Any, op: Op = SUM) -> Request:  # noqa: N802
-        return self._iprefix("Iscan", sendbuf, recvbuf, op, inclusive=True)
+        return self._prefix("Iscan", sendbuf, recvbuf, op, inclusive=True)
 
     def Iexscan(self, sendbuf: Any, recvbuf: Any, op: Op = SUM) -> Request:  # noqa: N802
-        return self._iprefix("Iexscan", sendbuf, recvbuf, op, inclusive=False)
+        return self._prefix("Iexscan", sendbuf, recvbuf, op, inclusive=False)
 
-    def _iprefix(self, where: str, sendbuf: Any, recvbuf: Any, op: Any,
-                 inclusive: bool) -> Request:
+    def _prefix(self, where: str, sendbuf: Any, recvbuf: Any, op: Any,
+                inclusive: bool) -> Request:
         """Each rank's buffer to the ranks above it, which fold those of the ranks below
-        them (and their own, ``inclusive``) in rank order."""
+        them (and their own, ``inclusive``) in rank order: a ``Scan`` (``Exscan``) waits for
+        it, an ``Iscan`` returns it."""
         op = self._buffer_op(op, where)
         c = self._c
         recvflat, _ = _buffer(recvbuf, where, writable=True)
@@ -1813,7 +1790,7 @@ class Comm:
         method.__name__ = name
         return method
 
-    locals()["Alltoallw"] = _unsupported("Alltoallw", "derived datatypes per block")
+    Alltoallw = _unsupported("Alltoallw", "derived datatypes per block")
 
 
 class Intracomm(Comm):
