@@ -4,8 +4,10 @@
 
 The program (:func:`program`, this file run with ``--program``) is plain mpi4py: ``from
 mpi4py import MPI``, then buffer ``Allreduce`` of 8 B, 1 KiB and 1 MiB, the lowercase
-``allreduce`` of a float, ``Bcast`` of 1 KiB and 1 MiB, ``Barrier``, and a ``Send``/``Recv``
-ping-pong of 8 B and 1 MiB between ranks 0 and 1. It runs unmodified under both launchers
+``allreduce`` of a float, ``Bcast`` of 1 KiB and 1 MiB, ``Barrier``, a ``Send``/``Recv``
+ping-pong of 8 B and 1 MiB between ranks 0 and 1, and one-sided ``Put``, ``Get`` and
+``Accumulate`` of 8 B and ``Put`` of 1 MiB from rank 0 into rank 1's window (each with its
+``Flush``: complete at the target). It runs unmodified under both launchers
 with the same repetitions; each rank times every repetition itself and rank 0 prints the
 medians (microseconds) as one JSON line, after checking every result against the value
 MPI defines. Launchers alternate in rounds (``rayflow mpirun -n N``, then ``mpiexec -n N``,
@@ -29,7 +31,10 @@ _MARK = "MPI-API-RESULT "
 #: (name, payload bytes, repetitions), the same for both launchers
 CASES = [("Allreduce", 8, 2000), ("Allreduce", KIB, 2000), ("Allreduce", MIB, 40),
          ("allreduce", 8, 2000), ("Bcast", KIB, 2000), ("Bcast", MIB, 40),
-         ("Barrier", 0, 2000), ("pingpong", 8, 2000), ("pingpong", MIB, 40)]
+         ("Barrier", 0, 2000), ("pingpong", 8, 2000), ("pingpong", MIB, 40),
+         # one-sided, rank 0 into rank 1's window under Lock_all, each followed by Flush;
+         # rank 1 waits in the next Barrier meanwhile
+         ("Put", 8, 2000), ("Get", 8, 2000), ("Accumulate", 8, 2000), ("Put", MIB, 40)]
 
 
 def program() -> None:
@@ -59,6 +64,9 @@ def program() -> None:
 
     total = size * (size + 1) / 2
     out: dict[str, float] = {}
+    win = MPI.Win.Allocate(MIB if rank == 1 else 0, disp_unit=8, comm=comm)
+    if rank == 0 and size > 1:
+        win.Lock_all()
     for name, nbytes, reps in CASES:
         n = max(1, nbytes // 8)
         send, recv = np.full(n, rank + 1.0), np.empty(n)
@@ -79,6 +87,23 @@ def program() -> None:
             out[key] = timed(lambda s=send, r=recv: pingpong(s, r), reps)
             if rank < 2:  # rank 0's ones went to rank 1 and back
                 assert np.array_equal(recv, np.ones(n)), key
+        elif name in ("Put", "Get", "Accumulate") and size > 1:
+            call = {"Put": win.Put, "Get": win.Get, "Accumulate": win.Accumulate}[name]
+            out[key] = timed(lambda s=send, c=call: (c(s, 1), win.Flush(1)) if rank == 0
+                             else None, reps)
+            if rank == 0:  # the puts of 1.0 left 1.0, each sum added 1.0
+                want = 1.0 + reps if name == "Accumulate" else 1.0
+                seen = np.empty(1)
+                win.Get(seen, 1)
+                win.Flush(1)
+                assert seen[0] == want, (key, seen[0], want)
+    if rank == 0 and size > 1:
+        whole = np.empty(MIB // 8)
+        win.Get(whole, 1)  # the last call put rank 0's ones over all of it
+        assert np.array_equal(whole, np.ones(MIB // 8)), "Put 1 MiB"
+        win.Unlock_all()
+    comm.Barrier()
+    win.Free()
     if rank == 0:
         print(_MARK + json.dumps({"ranks": size, "us": out,
                                   "library": MPI.Get_library_version().split("\n")[0]}),

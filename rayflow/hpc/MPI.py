@@ -16,8 +16,10 @@ Covered, with mpi4py's names and signatures: communicators (``Get_rank``, ``Get_
 ``[buf, MPI.DOUBLE]`` specs (``Send`` ... ``Reduce_scatter_block``, ``Scan``, ``Exscan``,
 the vector collectives ``Gatherv``, ``Scatterv``, ``Allgatherv``, ``Alltoallv`` and
 ``Reduce_scatter`` on ``[buf, counts, displs, type]`` specs, the non-blocking ``Ibarrier``
-... ``Iexscan``, :data:`IN_PLACE`, :class:`Request`, persistent :class:`Prequest`), and
-matched probes (``mprobe``, :class:`Message`).
+... ``Iexscan``, :data:`IN_PLACE`, :class:`Request`, persistent :class:`Prequest`),
+matched probes (``mprobe``, :class:`Message`), and one-sided communication (:class:`Win`:
+``Create``, ``Allocate``, ``Allocate_shared``; ``Put``, ``Get``, the accumulates, fences,
+post-start-complete-wait and locks, served by :mod:`rayflow.hpc.rma`).
 
 Point-to-point follows MPI's matching rules: messages between a pair of ranks in one
 communicator are numbered, and a receive takes the first message that matches its source
@@ -27,8 +29,8 @@ blocking: the transport's optional ``try_recv(src, key)`` (see :mod:`rayflow.hpc
 the module polls; a transport without it raises ``NotImplementedError`` for ``ANY_SOURCE``.
 Collectives run on :class:`rayflow.hpc.comm.Communicator` and are matched in call order.
 
-Not supported, raising ``NotImplementedError`` naming the feature: one-sided communication
-(``Win``), MPI-IO (``File``), intercommunicators and dynamic processes (``Spawn``,
+Not supported, raising ``NotImplementedError`` naming the feature: dynamic windows
+(``Win.Create_dynamic``), MPI-IO (``File``), intercommunicators and dynamic processes (``Spawn``,
 ``Intercomm``), graph topologies, derived datatypes (``Alltoallw``), ``Cancel``, and
 buffer ``MAXLOC``/``MINLOC`` (the lowercase
 methods support them on ``(value, index)`` pairs).
@@ -42,6 +44,8 @@ look for them.
 from __future__ import annotations
 
 import builtins
+import ctypes
+import functools
 import itertools
 import operator
 import pickle
@@ -55,6 +59,7 @@ import numpy as np
 
 from rayflow.hpc import comm as _comm
 from rayflow.hpc import reduce as _reduce
+from rayflow.hpc import rma as _rma
 from rayflow.hpc.backends import transport as _transport
 
 # ------------------------------------------------------------------------------ constants
@@ -65,13 +70,23 @@ PROC_NULL = _comm.PROC_NULL
 UNDEFINED = -32766
 ROOT = -4
 SUCCESS = 0
-ERR_OTHER = 16
+ERR_TYPE, ERR_OP, ERR_ARG, ERR_TRUNCATE, ERR_OTHER = 3, 9, 12, 14, 16
+ERR_WIN, ERR_RMA_SYNC, ERR_RMA_RANGE, ERR_RMA_SHARED, ERR_RMA_FLAVOR = 45, 50, 55, 57, 58
 TAG_UB = 2**31 - 1
 IDENT, CONGRUENT, SIMILAR, UNEQUAL = 0, 1, 2, 3
 THREAD_SINGLE, THREAD_FUNNELED, THREAD_SERIALIZED, THREAD_MULTIPLE = 0, 1, 2, 3
 CART = 1
 VERSION, SUBVERSION = 3, 1
 COMM_TYPE_SHARED = 0  # (Split_type: the ranks of one machine)
+# one-sided communication (MPICH's values)
+LOCK_EXCLUSIVE, LOCK_SHARED = 234, 235
+MODE_NOCHECK, MODE_NOSTORE, MODE_NOPUT, MODE_NOPRECEDE, MODE_NOSUCCEED = (
+    1024, 2048, 4096, 8192, 16384)
+WIN_BASE, WIN_SIZE, WIN_DISP_UNIT, WIN_CREATE_FLAVOR, WIN_MODEL = (
+    1711276033, 1711276035, 1711276037, 1711276039, 1711276041)
+WIN_FLAVOR_CREATE, WIN_FLAVOR_ALLOCATE, WIN_FLAVOR_DYNAMIC, WIN_FLAVOR_SHARED = 1, 2, 3, 4
+WIN_SEPARATE, WIN_UNIFIED = 1, 2
+INFO_NULL = None
 
 
 class _InPlace:
@@ -95,6 +110,16 @@ class Exception(RuntimeError):  # noqa: A001 - mpi4py's name (MPI.Exception)
 
     def Get_error_code(self) -> int:  # noqa: N802
         return self.error_code
+
+    def Get_error_class(self) -> int:  # noqa: N802
+        """The error's class (rayflow's codes are classes: ``MPI.ERR_RMA_SYNC`` ...)."""
+        return self.error_code
+
+    def Get_error_string(self) -> str:  # noqa: N802
+        return str(self)
+
+    error_class = property(Get_error_class)
+    error_string = property(Get_error_string)
 
 
 class Aborted(SystemExit):
@@ -350,6 +375,7 @@ BXOR = Op("BXOR", _seq_or_array(np.bitwise_xor, operator.xor))
 MAXLOC = Op("MAXLOC", _loc(lambda a, b: a > b))
 MINLOC = Op("MINLOC", _loc(lambda a, b: a < b))
 REPLACE = Op("REPLACE", lambda x, y: y, commute=False)
+NO_OP = Op("NO_OP", lambda x, y: x, commute=False)  # (an accumulate that only reads)
 
 
 def _check_op(op: Any, where: str) -> Op:
@@ -825,6 +851,7 @@ class Comm:
         self._arrivals = itertools.count()
         self._dup_seq = itertools.count()
         self._group_seq: dict[tuple, int] = {}  # (group, tag) -> communicators made of it
+        self._win_seq = itertools.count()  # windows made on it (each rank in the same order)
         self._errhandler = ERRORS_RETURN
 
     # ------------------------------------------------------------ basics
@@ -1869,6 +1896,500 @@ def Compute_dims(nnodes: int, dims: int | Sequence[int]) -> list[int]:  # noqa: 
     return dims
 
 
+# ------------------------------------------------------------------------------ one-sided
+def _rma_ufunc(name: str) -> Callable:
+    """The element-wise function of a predefined operation, for accumulates."""
+    return _RMA_UFUNCS[name]
+
+
+_RMA_UFUNCS: dict[str, Callable] = {
+    "SUM": np.add, "PROD": np.multiply, "MIN": np.minimum, "MAX": np.maximum,
+    "LAND": np.logical_and, "LOR": np.logical_or, "LXOR": np.logical_xor,
+    "BAND": np.bitwise_and, "BOR": np.bitwise_or, "BXOR": np.bitwise_xor,
+}
+
+
+def _rma_op(op: Any, where: str) -> str:
+    """The name of an operation that an accumulate may use (MPI allows the predefined
+    ones, ``REPLACE`` and ``NO_OP``)."""
+    if not isinstance(op, Op) or (op.name not in _RMA_UFUNCS
+                                  and op.name not in ("REPLACE", "NO_OP")):
+        raise Exception(f"Win.{where}: op must be a predefined MPI.Op (MPI.SUM, MPI.MAX, "
+                        f"MPI.REPLACE, MPI.NO_OP ...), got {op!r}", ERR_OP)
+    return op.name
+
+
+class _WinState:
+    """A window's own state at one rank: its memory and the ranks' servers, and the access
+    epochs this rank has open as an origin."""
+
+    def __init__(self, comm: Comm, wid: tuple, memory: np.ndarray, disp_unit: int,
+                 flavor: int, peers: list, keep: Any = None):
+        self.comm = comm  # the window's own communicator (a Dup of the one it was made on)
+        self.wid, self.memory, self.disp_unit, self.flavor = wid, memory, disp_unit, flavor
+        self.client = _rma.Client([p[0] for p in peers],
+                                  getattr(comm._c._t, "timeout_s", None))
+        self.sizes = [p[1] for p in peers]
+        self.units = [p[2] for p in peers]
+        self.keep = keep  # what the memory lives in (a shared segment), kept while open
+        self.fence = False  # an epoch opened by a fence (until a fence with MODE_NOSUCCEED)
+        self.started: list[int] | None = None  # the targets of Start, until Complete
+        self.locked: dict[int, bool] = {}  # target -> exclusive
+        self.lock_all = False
+        self.shared: list | None = None  # Allocate_shared: each rank's part of the segment
+        self.name = ""
+
+
+class Win:
+    """An RMA window (mpi4py's ``MPI.Win``): memory that the ranks of a communicator put,
+    get and accumulate into without the owner's part in each transfer.
+
+    ``Win.Create(memory, disp_unit, comm=...)`` exposes an array of the program's;
+    ``Win.Allocate(size, ...)`` and ``Win.Allocate_shared(size, ...)`` allocate the memory
+    (``np.frombuffer(win, dtype)`` views it; with ``Allocate_shared`` the ranks of one
+    machine map one segment, and ``Shared_query(rank)`` gives another rank's part for loads
+    and stores). Synchronization: ``Fence``; ``Post``/``Start``/``Complete``/``Wait``;
+    ``Lock``/``Unlock``, ``Lock_all``/``Unlock_all`` and ``Flush``. Every operation has
+    completed at its target when the call returns (see :mod:`rayflow.hpc.rma`), so the
+    flushes have nothing left to wait for, and a target makes progress without calling MPI.
+    """
+
+    __slots__ = ()  # (an instance is also a ctypes array over the window's bytes: see _win)
+
+    @classmethod
+    def Create(cls, memory: Any, disp_unit: int = 1, info: Any = None,  # noqa: N802
+               comm: Comm | None = None) -> Win:
+        """A window over ``memory`` (a writable, C-contiguous numpy array; ``None`` or
+        ``MPI.BOTTOM`` for none at this rank). Collective over ``comm`` (``COMM_SELF`` by
+        default)."""
+        if memory is None:
+            backing: Any = bytearray()
+        elif isinstance(memory, (list, tuple)):
+            backing = _buffer(memory, "Win.Create", writable=True)[0]
+        elif isinstance(memory, np.ndarray):
+            backing = _buffer(memory, "Win.Create", writable=True)[0]
+        elif isinstance(memory, bytearray):
+            backing = memory
+        else:
+            raise TypeError(f"Win.Create: memory must be a writable numpy array, a bytearray "
+                            f"or None, got {type(memory).__name__}")
+        return cls._make(backing, disp_unit, comm, WIN_FLAVOR_CREATE, "Create")
+
+    @classmethod
+    def Allocate(cls, size: int, disp_unit: int = 1, info: Any = None,  # noqa: N802
+                 comm: Comm | None = None) -> Win:
+        """A window over ``size`` new bytes (zeroed) at this rank. Collective."""
+        return cls._make(bytearray(_check_size(size, "Allocate")), disp_unit, comm,
+                         WIN_FLAVOR_ALLOCATE, "Allocate")
+
+    @classmethod
+    def Allocate_shared(cls, size: int, disp_unit: int = 1, info: Any = None,  # noqa: N802
+                        comm: Comm | None = None) -> Win:
+        """As :meth:`Allocate`, the ranks' memory one shared segment, each rank's part
+        after the parts of the ranks below it, which ``Shared_query`` hands out. The ranks
+        of ``comm`` must share a machine (``comm.Split_type(MPI.COMM_TYPE_SHARED)`` gives
+        such a communicator). Collective."""
+        from rayflow.hpc.backends import shm
+
+        comm = COMM_SELF if comm is None else comm
+        c = comm._c
+        size = _check_size(size, "Allocate_shared")
+        parts = c.allgather((socket.gethostname(), size))
+        if len({host for host, _ in parts}) > 1:
+            raise Exception("Win.Allocate_shared: the ranks of the communicator are on more "
+                            "than one machine; split it with Split_type(MPI.COMM_TYPE_SHARED)",
+                            ERR_RMA_SHARED)
+        total = sum(n for _, n in parts)
+        seg = shm.Segment.create(shm.Segment.DATA + total, "rayflow-win") if c.rank == 0 \
+            else None
+        address = c.bcast(seg.fill([]) if seg is not None else None, 0)
+        mm = seg.mapping if seg is not None else shm.Segment.map(address)
+        data = memoryview(mm)[shm.Segment.DATA:shm.Segment.DATA + total]
+        starts = list(itertools.accumulate((n for _, n in parts), initial=0))
+        views = [data[starts[r]:starts[r] + n] for r, (_, n) in enumerate(parts)]
+        c.barrier()  # every rank has mapped the segment: rank 0 may close it at Free
+        win = cls._make(views[c.rank], disp_unit, comm, WIN_FLAVOR_SHARED, "Allocate_shared",
+                        keep=(seg, mm))
+        win._st.shared = views
+        return win
+
+    @classmethod
+    def Create_dynamic(cls, info: Any = None, comm: Comm | None = None) -> Win:  # noqa: N802
+        raise NotImplementedError("dynamic windows (Win.Create_dynamic, Attach, Detach) are "
+                                  "not supported by rayflow's MPI")
+
+    def Attach(self, memory: Any) -> None:  # noqa: N802
+        self.Create_dynamic()
+
+    def Detach(self, memory: Any) -> None:  # noqa: N802
+        self.Create_dynamic()
+
+    @classmethod
+    def _make(cls, backing: Any, disp_unit: Any, comm: Comm | None, flavor: int,
+              where: str, keep: Any = None) -> Win:
+        comm = COMM_SELF if comm is None else comm
+        if not isinstance(comm, Comm):
+            raise TypeError(f"Win.{where}: comm must be an MPI communicator, got {comm!r}")
+        if isinstance(disp_unit, bool) or not isinstance(disp_unit, (int, np.integer)) \
+                or disp_unit < 1:
+            raise ValueError(f"Win.{where}: disp_unit must be an int >= 1, got {disp_unit!r}")
+        c = comm._c
+        own = comm.Dup()  # the window's fences and frees, apart from the program's calls
+        wid = (c._ctx, "win", next(comm._win_seq))
+        win = _win_class(memoryview(backing).nbytes).from_buffer(backing)  # type: ignore[attr-defined]
+        memory = np.frombuffer(win, np.uint8)
+        server = _rma.server(_rma_ufunc)
+        server.register((wid, c.rank), memory, int(disp_unit))
+        # (the allgather also tells every rank that every window is registered)
+        peers = c.allgather((server.address, memory.size, int(disp_unit)))
+        win._s = _WinState(own, wid, memory, int(disp_unit), flavor, peers, keep)
+        return win
+
+    @property
+    def _st(self) -> _WinState:
+        st = getattr(self, "_s", None)
+        if st is None:
+            raise Exception("this window was freed (Win.Free)", ERR_WIN)
+        return st
+
+    def __bool__(self) -> bool:
+        return getattr(self, "_s", None) is not None
+
+    def __repr__(self) -> str:
+        st = getattr(self, "_s", None)
+        return "<MPI.WIN_NULL>" if st is None else f"<MPI.Win of {st.memory.size} bytes>"
+
+    def Free(self) -> None:  # noqa: N802
+        """Release the window once every rank has called Free (collective)."""
+        st = self._st
+        st.comm.Barrier()  # no rank accesses it any more
+        _rma.server(_rma_ufunc).unregister((st.wid, st.comm._c.rank))
+        if st.keep is not None and st.keep[0] is not None:
+            st.keep[0].close()  # the shared segment's descriptor (mappings live on)
+        del self._s  # type: ignore[attr-defined]
+
+    free = Free
+
+    # ------------------------------------------------------------ what it is
+    def tomemory(self) -> memoryview:
+        """This rank's window memory, as bytes (``np.frombuffer(win.tomemory(), dtype)``)."""
+        self._st  # noqa: B018 - a freed window has none
+        return memoryview(self).cast("B")  # type: ignore[arg-type]  # (a ctypes array too)
+
+    def Shared_query(self, rank: int) -> tuple[memoryview, int]:  # noqa: N802
+        """``(memory, disp_unit)`` of ``rank``'s part of an ``Allocate_shared`` window
+        (``PROC_NULL``: the first part that is not empty)."""
+        st = self._st
+        if st.shared is None:
+            raise Exception("Win.Shared_query: the window was not made by "
+                            "Win.Allocate_shared", ERR_RMA_FLAVOR)
+        if rank == PROC_NULL:
+            rank = next((r for r, n in enumerate(st.sizes) if n), 0)
+        return st.shared[st.comm._check_peer(rank, "Shared_query")], st.units[rank]
+
+    def Get_group(self) -> Group:  # noqa: N802
+        return self._st.comm.Get_group()
+
+    group = property(Get_group)
+
+    def Get_attr(self, keyval: int) -> int | None:  # noqa: N802
+        st = self._st
+        return {WIN_BASE: ctypes.addressof(self), WIN_SIZE: st.memory.size,  # type: ignore[arg-type]
+                WIN_DISP_UNIT: st.disp_unit, WIN_CREATE_FLAVOR: st.flavor,
+                WIN_MODEL: WIN_UNIFIED}.get(keyval)
+
+    @property
+    def attrs(self) -> tuple[int, int, int]:
+        """``(base address, size in bytes, disp_unit)``."""
+        st = self._st
+        return ctypes.addressof(self), st.memory.size, st.disp_unit  # type: ignore[arg-type]
+
+    @property
+    def flavor(self) -> int:
+        return self._st.flavor
+
+    @property
+    def model(self) -> int:
+        return WIN_UNIFIED
+
+    def Set_name(self, name: str) -> None:  # noqa: N802
+        self._st.name = name
+
+    def Get_name(self) -> str:  # noqa: N802
+        return self._st.name
+
+    name = property(Get_name, Set_name)
+
+    # ------------------------------------------------------------ transfers
+    def _target(self, target_rank: int, where: str) -> int:
+        """The target's rank, checked to lie in an access epoch of this rank."""
+        st = self._st
+        rank = st.comm._check_peer(target_rank, f"Win.{where} target")
+        if rank == PROC_NULL:
+            return rank
+        if not (st.fence or st.lock_all or rank in st.locked
+                or (st.started is not None and rank in st.started)):
+            raise Exception(f"Win.{where}: rank {rank} is in no access epoch of this rank "
+                            f"(call Win.Fence, Win.Start or Win.Lock first)", ERR_RMA_SYNC)
+        return rank
+
+    def _call(self, rank: int, request: tuple) -> Any:
+        st = self._st
+        try:
+            return st.client.call(rank, (request[0], (st.wid, rank), st.comm._c.rank,
+                                         *request[1:]))
+        except _rma.RMAError as exc:
+            raise Exception(str(exc), exc.error_class) from None
+
+    @staticmethod
+    def _where_to(target: Any, count: int, dtype: Datatype, where: str
+                  ) -> tuple[int, int, Datatype]:
+        """``(displacement, count, datatype)`` at the target, from ``target`` as mpi4py
+        reads it: None, a displacement, or ``(disp[, count[, datatype]])``; what is not
+        given is the origin's."""
+        disp = 0
+        if target is None:
+            pass
+        elif isinstance(target, (int, np.integer)) and not isinstance(target, bool):
+            disp = int(target)
+        elif isinstance(target, (list, tuple)) and len(target) <= 3:
+            if len(target) >= 1:
+                disp = int(target[0])
+            if len(target) >= 2:
+                count = int(target[1])
+            if len(target) == 3:
+                if not isinstance(target[2], Datatype):
+                    raise TypeError(f"Win.{where}: the target's datatype must be an MPI "
+                                    f"datatype, got {target[2]!r}")
+                dtype = target[2]
+        else:
+            raise ValueError(f"Win.{where}: target must be a displacement or (disp, count, "
+                             f"datatype), got {target!r}")
+        return disp, count, dtype
+
+    def _transfer(self, kind: str, origin: Any, target_rank: int, target: Any,
+                  op: str | None = None, result: Any = None) -> np.ndarray | None:
+        where = {"put": "Put", "get": "Get", "acc": "Accumulate",
+                 "get_acc": "Get_accumulate"}[kind]
+        rank = self._target(target_rank, where)
+        flat, dtype = _buffer(origin, where, writable=kind == "get")
+        if rank == PROC_NULL:
+            return None
+        disp, count, tdtype = self._where_to(target, flat.size, dtype, where)
+        if tdtype.dtype != dtype.dtype:
+            raise Exception(f"Win.{where}: the origin's {dtype} and the target's {tdtype} "
+                            f"differ", ERR_TYPE)
+        if kind == "get":
+            if count > flat.size:
+                raise Exception(f"Win.{where}: {count} items of the target do not fit the "
+                                f"origin's {flat.size}", ERR_TRUNCATE)
+            got = self._call(rank, ("data", ("get", disp, dtype.dtype, count)))
+            flat[:count] = got
+            return None
+        if kind == "get_acc":
+            rflat, rtype = _buffer(result, where, writable=True)
+            if rtype.dtype != dtype.dtype or rflat.size < count or flat.size < count:
+                raise Exception(f"Win.{where}: the origin and result buffers must hold "
+                                f"{count} items of {dtype}", ERR_TYPE)
+            rflat[:count] = self._call(rank, ("data", ("get_acc", disp, dtype.dtype, count,
+                                                       flat[:count].copy(), op)))
+            return None
+        if flat.size > count:
+            raise Exception(f"Win.{where}: {flat.size} items of the origin do not fit the "
+                            f"target's {count}", ERR_TRUNCATE)
+        request = ("put", disp, dtype.dtype, flat.size, flat.copy()) if kind == "put" else \
+            ("acc", disp, dtype.dtype, flat.size, flat.copy(), op)
+        self._call(rank, ("data", request))
+        return None
+
+    def Put(self, origin: Any, target_rank: int, target: Any = None) -> None:  # noqa: N802
+        self._transfer("put", origin, target_rank, target)
+
+    def Get(self, origin: Any, target_rank: int, target: Any = None) -> None:  # noqa: N802
+        self._transfer("get", origin, target_rank, target)
+
+    def Accumulate(self, origin: Any, target_rank: int, target: Any = None,  # noqa: N802
+                   op: Op = SUM) -> None:
+        self._transfer("acc", origin, target_rank, target, _rma_op(op, "Accumulate"))
+
+    def Get_accumulate(self, origin: Any, result: Any, target_rank: int,  # noqa: N802
+                       target: Any = None, op: Op = SUM) -> None:
+        self._transfer("get_acc", origin, target_rank, target,
+                       _rma_op(op, "Get_accumulate"), result)
+
+    def Fetch_and_op(self, origin: Any, result: Any, target_rank: int,  # noqa: N802
+                     target_disp: int = 0, op: Op = SUM) -> None:
+        """``result`` gets the target's item at ``target_disp``, which becomes ``op`` of
+        it and ``origin``'s one item (atomically)."""
+        self._single("Fetch_and_op", (origin, result), target_rank)
+        self._transfer("get_acc", origin, target_rank, (target_disp, 1),
+                       _rma_op(op, "Fetch_and_op"), result)
+
+    def Compare_and_swap(self, origin: Any, compare: Any, result: Any,  # noqa: N802
+                         target_rank: int, target_disp: int = 0) -> None:
+        """``result`` gets the target's item at ``target_disp``, replaced by ``origin``'s
+        where it equals ``compare``'s (atomically)."""
+        where = "Compare_and_swap"
+        (o, dtype), (cmp, ctype), (r, rtype) = self._single(where, (origin, compare, result),
+                                                           target_rank)
+        rank = self._target(target_rank, where)
+        if rank == PROC_NULL:
+            return
+        if not dtype.dtype == ctype.dtype == rtype.dtype:
+            raise Exception(f"Win.{where}: origin, compare and result must be of one "
+                            f"datatype", ERR_TYPE)
+        r[:1] = self._call(rank, ("data", ("cas", int(target_disp), dtype.dtype, o[0],
+                                            cmp[0])))
+
+    @staticmethod
+    def _single(where: str, bufs: tuple, target_rank: int) -> list:
+        out = []
+        for i, b in enumerate(bufs):
+            flat, dtype = _buffer(b, where, writable=i == len(bufs) - 1)
+            if flat.size != 1 and target_rank != PROC_NULL:
+                raise ValueError(f"Win.{where}: expecting a single element, got {flat.size}")
+            out.append((flat, dtype))
+        return out
+
+    def _request(self, fn: Callable, *args: Any) -> Request:
+        fn(*args)
+        return Request(None, PROC_NULL)  # (complete: the call returned after the transfer)
+
+    def Rput(self, origin: Any, target_rank: int, target: Any = None) -> Request:  # noqa: N802
+        return self._request(self.Put, origin, target_rank, target)
+
+    def Rget(self, origin: Any, target_rank: int, target: Any = None) -> Request:  # noqa: N802
+        return self._request(self.Get, origin, target_rank, target)
+
+    def Raccumulate(self, origin: Any, target_rank: int, target: Any = None,  # noqa: N802
+                    op: Op = SUM) -> Request:
+        return self._request(self.Accumulate, origin, target_rank, target, op)
+
+    def Rget_accumulate(self, origin: Any, result: Any, target_rank: int,  # noqa: N802
+                        target: Any = None, op: Op = SUM) -> Request:
+        return self._request(self.Get_accumulate, origin, result, target_rank, target, op)
+
+    # ------------------------------------------------------------ synchronization
+    def Fence(self, assertion: int = 0) -> None:  # noqa: N802
+        """End the epoch of the last fence and open the next (``MPI.MODE_NOSUCCEED``: none).
+        Collective."""
+        st = self._st
+        st.comm.Barrier()
+        st.fence = not assertion & MODE_NOSUCCEED
+
+    def _ranks_of(self, group: Group, where: str) -> list[int]:
+        members = self._st.comm._c._members
+        if not isinstance(group, Group):
+            raise TypeError(f"Win.{where}: an MPI.Group, got {group!r}")
+        outside = [m for m in group._members if m not in members]
+        if outside:
+            raise ValueError(f"Win.{where}: the group has processes outside the window's "
+                             f"communicator (world ranks {outside})")
+        return [members.index(m) for m in group._members]
+
+    def Post(self, group: Group, assertion: int = 0) -> None:  # noqa: N802
+        """Expose this rank's window to the origins of ``group`` (until ``Wait``)."""
+        me = self._st.comm._c.rank
+        self._call(me, ("post", self._ranks_of(group, "Post")))
+
+    def Start(self, group: Group, assertion: int = 0) -> None:  # noqa: N802
+        """Access the windows of ``group``'s ranks, once each has posted to this rank."""
+        st = self._st
+        if st.started is not None:
+            raise Exception("Win.Start: an access epoch is open (Win.Complete first)",
+                            ERR_RMA_SYNC)
+        targets = self._ranks_of(group, "Start")
+        for t in targets:
+            self._call(t, ("start",))
+        st.started = targets
+
+    def Complete(self) -> None:  # noqa: N802
+        st = self._st
+        if st.started is None:
+            raise Exception("Win.Complete without Win.Start", ERR_RMA_SYNC)
+        for t in st.started:
+            self._call(t, ("complete",))
+        st.started = None
+
+    def Wait(self) -> None:  # noqa: N802
+        """Wait until every origin of this rank's ``Post`` has called ``Complete``."""
+        self._call(self._st.comm._c.rank, ("wait",))
+
+    def Test(self) -> bool:  # noqa: N802
+        return bool(self._call(self._st.comm._c.rank, ("test",)))
+
+    def Lock(self, rank: int, lock_type: int = LOCK_EXCLUSIVE,  # noqa: N802
+             assertion: int = 0) -> None:
+        """Lock ``rank``'s window (``LOCK_EXCLUSIVE`` or ``LOCK_SHARED``), waiting until no
+        other rank's lock conflicts."""
+        st = self._st
+        if lock_type not in (LOCK_EXCLUSIVE, LOCK_SHARED):
+            raise ValueError(f"Win.Lock: lock_type must be MPI.LOCK_EXCLUSIVE or "
+                             f"MPI.LOCK_SHARED, got {lock_type!r}")
+        r = st.comm._check_peer(rank, "Win.Lock target")
+        if r == PROC_NULL:
+            return
+        self._call(r, ("lock", lock_type == LOCK_EXCLUSIVE))
+        st.locked[r] = lock_type == LOCK_EXCLUSIVE
+
+    def Unlock(self, rank: int) -> None:  # noqa: N802
+        st = self._st
+        r = st.comm._check_peer(rank, "Win.Unlock target")
+        if r == PROC_NULL:
+            return
+        self._call(r, ("unlock",))
+        st.locked.pop(r, None)
+
+    def Lock_all(self, assertion: int = 0) -> None:  # noqa: N802
+        """A shared lock on every rank's window."""
+        st = self._st
+        for r in range(st.comm._c.size):
+            self._call(r, ("lock", False))
+        st.lock_all = True
+
+    def Unlock_all(self) -> None:  # noqa: N802
+        st = self._st
+        if not st.lock_all:
+            raise Exception("Win.Unlock_all without Win.Lock_all", ERR_RMA_SYNC)
+        for r in range(st.comm._c.size):
+            self._call(r, ("unlock",))
+        st.lock_all = False
+
+    def Flush(self, rank: int) -> None:  # noqa: N802
+        """Nothing to wait for: every operation completed at its target when it returned."""
+        self._st  # noqa: B018
+
+    def Flush_all(self) -> None:  # noqa: N802
+        self._st  # noqa: B018
+
+    Flush_local = Flush
+    Flush_local_all = Flush_all
+    Sync = Flush_all
+
+    def Set_errhandler(self, errhandler: Errhandler) -> None:  # noqa: N802
+        self._st.comm.Set_errhandler(errhandler)
+
+    def Get_errhandler(self) -> Errhandler:  # noqa: N802
+        return self._st.comm.Get_errhandler()
+
+
+def _check_size(size: Any, where: str) -> int:
+    if isinstance(size, bool) or not isinstance(size, (int, np.integer)) or size < 0:
+        raise ValueError(f"Win.{where}: size must be an int >= 0 (bytes), got {size!r}")
+    return int(size)
+
+
+@functools.lru_cache(maxsize=256)  # (a window keeps its class: an evicted one lives on)
+def _win_class(nbytes: int) -> type:
+    """The class of a window of ``nbytes``: :class:`Win`, and a ctypes array of its bytes
+    over the window's memory, so that ``np.frombuffer(win, dtype)`` views it (as mpi4py's
+    buffer interface of a window does) on any Python."""
+    return type("Win", (Win, ctypes.c_char * nbytes), {"__module__": __name__})
+
+
+WIN_NULL = None
+
+
 # ------------------------------------------------------------------------------ the world
 COMM_NULL = Comm(None)
 COMM_WORLD = Intracomm(None)
@@ -1881,6 +2402,8 @@ def _bind(world: _comm.Communicator | None) -> None:
     every message count afresh (a rank actor runs one program after another)."""
     if world is None:
         world = _comm.Communicator(_transport.LocalTransport())
+    else:
+        _rma.forget_windows()  # (a new program: the last one's windows are nobody's)
     _bound[:] = [world]
     COMM_WORLD._bind_base(world)
     COMM_SELF._bind_base(_comm.Communicator(world._t, [world._members[world.rank]],
@@ -1937,7 +2460,6 @@ def Query_thread() -> int:  # noqa: N802
 
 
 _UNSUPPORTED = {
-    "Win": "one-sided communication (MPI.Win)",
     "File": "MPI-IO (MPI.File)",
     "Intercomm": "intercommunicators (MPI.Intercomm)",
     "Graphcomm": "graph topologies (MPI.Graphcomm)",

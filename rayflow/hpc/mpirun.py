@@ -31,6 +31,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
+import numpy as np
+
 from rayflow.errors import RayflowError
 
 # How long the other ranks may take to stop after one failed, before they are killed.
@@ -95,7 +97,9 @@ class _Program:
 
 
 # ------------------------------------------------------------------ in the rank
-def _shim() -> types.ModuleType:
+def _shim() -> dict[str, types.ModuleType]:
+    """The modules a rank's ``import mpi4py...`` finds: ``mpi4py``, ``mpi4py.MPI`` (rayflow's
+    MPI), and ``mpi4py.util.dtlib`` (numpy dtypes of MPI datatypes)."""
     from rayflow.hpc import MPI
 
     mod = types.ModuleType("mpi4py", "rayflow's stand-in for mpi4py inside an MPI rank")
@@ -104,7 +108,14 @@ def _shim() -> types.ModuleType:
     mod.__path__ = []  # a package, so that "import mpi4py.MPI" works
     mod.rc = types.SimpleNamespace(initialize=True, finalize=True, threads=True,  # type: ignore[attr-defined]
                                    thread_level="multiple", recv_mprobe=False)
-    return mod
+    util = types.ModuleType("mpi4py.util", "rayflow's stand-in for mpi4py.util")
+    util.__path__ = []
+    dtlib = types.ModuleType("mpi4py.util.dtlib", "numpy dtypes of MPI datatypes")
+    dtlib.to_numpy_dtype = lambda datatype: datatype.dtype  # type: ignore[attr-defined]
+    dtlib.from_numpy_dtype = lambda dtype: MPI._datatype_of(np.dtype(dtype))  # type: ignore[attr-defined]
+    mod.util, util.dtlib = util, dtlib  # type: ignore[attr-defined]
+    return {"mpi4py": mod, "mpi4py.MPI": MPI, "mpi4py.util": util,
+            "mpi4py.util.dtlib": dtlib}
 
 
 def _exit_code(exc: SystemExit, stderr: TextIO | _Forwarder) -> int:
@@ -200,10 +211,10 @@ def _rank_main(comm: Any, program: _Program, sink: Any = None) -> dict:
     pumper = threading.Thread(target=pump, name="rayflow-mpi-output", daemon=True)
     if sink is not None:
         pumper.start()
-    saved_modules = {k: sys.modules.get(k) for k in ("mpi4py", "mpi4py.MPI")}
-    saved_argv, saved_path = sys.argv, list(sys.path)
     shim = _shim()
-    sys.modules["mpi4py"], sys.modules["mpi4py.MPI"] = shim, MPI
+    saved_modules = {k: sys.modules.get(k) for k in shim}
+    saved_argv, saved_path = sys.argv, list(sys.path)
+    sys.modules.update(shim)
     result: dict[str, Any] = {"rank": comm.rank, "exit_code": 0, "error": None, "value": None}
     try:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):

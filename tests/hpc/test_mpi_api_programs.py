@@ -1,6 +1,6 @@
 """Unmodified mpi4py programs (compute pi, a ring, a matvec with Allgather, uneven rows with
-Scatterv/Gatherv and a manager that sizes results with Probe, and the calls whose results
-MPICH gave) run by ``run_mpi`` on a shared gang (each backend) and by ``rayflow mpirun`` in a
+Scatterv/Gatherv and a manager that sizes results with Probe, the one-sided tutorial, and the
+calls whose results MPICH gave) run by ``run_mpi`` on a shared gang (each backend) and by ``rayflow mpirun`` in a
 subprocess; outputs against numpy, or against MPICH's."""
 
 from __future__ import annotations
@@ -87,6 +87,24 @@ def test_calls_give_what_mpich_gives(gang, tmp_path):
         assert (tmp_path / f"rank{r}.txt").read_text().splitlines() == want
 
 
+def test_one_sided_calls_give_what_mpich_gives(gang, tmp_path):
+    """Windows made by Create, Allocate and Allocate_shared; fences, post-start-complete-wait
+    and locks; puts, gets, accumulates, fetch-and-op and compare-and-swap: each rank's
+    results beside those the same program wrote under MPICH's mpiexec (rma_mpich_n3/)."""
+    assert _run(gang, "rma.py", str(tmp_path)) == []
+    for r in range(3):
+        want = (PROGRAMS / "rma_mpich_n3" / f"rank{r}.txt").read_text().splitlines()
+        assert (tmp_path / f"rank{r}.txt").read_text().splitlines() == want
+
+
+@pytest.mark.parametrize("program", ["rma_window.py", "rma_target.py"])
+def test_mpi4pys_one_sided_tutorial_runs_unmodified(gang, program):
+    """The tutorial's two RMA programs (their asserts check what the gets read): rank 0
+    owns the window and leaves its program while the others still lock and read it, which
+    the server thread of its process serves."""
+    assert _run(gang, program) == []
+
+
 def rows_reference(n: int, size: int) -> list[str]:
     sums = np.arange(n * 4, dtype="d").reshape(n, 4).sum(axis=1)
     tasks = range(1, 2 * size) if size > 1 else ()
@@ -118,6 +136,12 @@ def test_the_programs_on_one_and_five_ranks(gang, size, tmp_path):
         out = tmp_path / "y.npy"
         assert _run(g, "matvec.py", "3", str(out)) == ["[0] saved"]
         np.testing.assert_allclose(np.load(out), matvec_reference(3, size), rtol=1e-12)
+        rma = tmp_path / "rma"
+        rma.mkdir()
+        assert _run(g, "rma.py", str(rma)) == []
+        for r in range(size):  # MPICH's files of the same program on as many ranks
+            want = PROGRAMS / f"rma_mpich_n{size}" / f"rank{r}.txt"
+            assert (rma / f"rank{r}.txt").read_text() == want.read_text()
         if size == 1 or gang.backend != "gloo":  # (its manager probes ANY_SOURCE)
             assert _run(g, "rows.py", "7") == rows_reference(7, size)
 

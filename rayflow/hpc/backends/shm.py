@@ -296,6 +296,21 @@ class Segment:
         except OSError:
             pass
 
+    @property
+    def mapping(self) -> mmap.mmap:
+        """The whole segment, mapped (its first :data:`DATA` bytes are the token)."""
+        return self._mm
+
+    #: the first byte of a segment that is not its token, cache-line aligned
+    DATA = 64
+
+    @staticmethod
+    def map(address: Sequence) -> mmap.mmap:
+        """Map a segment another process made, whole (its address as :meth:`fill` returns
+        it): what a window that ranks share is."""
+        pid, fd, size, token, _ = address
+        return _map_peer(pid, fd, size, token)
+
     @staticmethod
     def open(address: Sequence) -> list[memoryview]:
         """Map a segment another process wrote; returns views of its parts (no copy)."""
