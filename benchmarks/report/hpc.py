@@ -380,7 +380,9 @@ def _collectives(doc: dict, ctx: _Ctx) -> list[str]:
 def _mpi_api(doc: dict, ctx: _Ctx) -> list[str]:
     rows = doc["rows"]
     lines = [f"One unmodified mpi4py program (`{doc.get('program', 'bench_mpi_api.py')}`: "
-             "`from mpi4py import MPI`, buffer and lowercase calls) run by `rayflow mpirun -n N` "
+             "`from mpi4py import MPI`, buffer and lowercase calls, and one-sided calls from rank 0 "
+             "into rank 1's window under `Lock_all`, each with its `Flush`) run by "
+             "`rayflow mpirun -n N` "
              f"and by `mpiexec -n N` ({doc.get('mpi_library') or 'MPICH'}), the same "
              "repetitions; rank 0's median µs per call, median over "
              f"{doc.get('rounds', '?')} alternating runs of each. Every result is checked "

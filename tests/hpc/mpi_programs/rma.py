@@ -1,7 +1,7 @@
 """mpi4py's one-sided communication: windows made by Create, Allocate and Allocate_shared;
 fences, post-start-complete-wait and locks; Put, Get, Accumulate, Get_accumulate,
 Fetch_and_op, Compare_and_swap and the request forms. Each rank's results go to
-DIR/rank<r>.txt: `mpiexec -n N python rma.py DIR` (MPICH 4, mpi4py 4.1) wrote the files in
+DIR/rank<r>.txt: `mpiexec -n N python rma.py DIR` (MPICH 5.0, mpi4py 4.1) wrote the files in
 rma_mpich_n<N>/ for 1, 3 and 5 ranks, which the tests compare with this program's under
 rayflow.
 
