@@ -19,7 +19,9 @@ the vector collectives ``Gatherv``, ``Scatterv``, ``Allgatherv``, ``Alltoallv`` 
 ... ``Iexscan``, :data:`IN_PLACE`, :class:`Request`, persistent :class:`Prequest`),
 matched probes (``mprobe``, :class:`Message`), and one-sided communication (:class:`Win`:
 ``Create``, ``Allocate``, ``Allocate_shared``; ``Put``, ``Get``, the accumulates, fences,
-post-start-complete-wait and locks, served by :mod:`rayflow.hpc.rma`).
+post-start-complete-wait and locks, served by :mod:`rayflow.hpc.rma`), and MPI-IO
+(:class:`File`, with views through derived datatypes: ``Create_vector``, ``Create_subarray``
+...).
 
 Point-to-point follows MPI's matching rules: messages between a pair of ranks in one
 communicator are numbered, and a receive takes the first message that matches its source
@@ -30,7 +32,7 @@ the module polls; a transport without it raises ``NotImplementedError`` for ``AN
 Collectives run on :class:`rayflow.hpc.comm.Communicator` and are matched in call order.
 
 Not supported, raising ``NotImplementedError`` naming the feature: dynamic windows
-(``Win.Create_dynamic``), MPI-IO (``File``), intercommunicators and dynamic processes (``Spawn``,
+(``Win.Create_dynamic``), MPI-IO's shared file pointer, intercommunicators and dynamic processes (``Spawn``,
 ``Intercomm``), graph topologies, derived datatypes (``Alltoallw``), ``Cancel``, and
 buffer ``MAXLOC``/``MINLOC`` (the lowercase
 methods support them on ``(value, index)`` pairs).
@@ -45,15 +47,17 @@ from __future__ import annotations
 
 import builtins
 import ctypes
+import errno
 import functools
 import itertools
 import operator
+import os
 import pickle
 import socket
 import time
 from collections import defaultdict, deque
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -71,6 +75,8 @@ UNDEFINED = -32766
 ROOT = -4
 SUCCESS = 0
 ERR_TYPE, ERR_OP, ERR_ARG, ERR_TRUNCATE, ERR_OTHER = 3, 9, 12, 14, 16
+ERR_ACCESS, ERR_AMODE, ERR_FILE_EXISTS, ERR_FILE, ERR_IO, ERR_NO_SUCH_FILE, ERR_READ_ONLY = (
+    20, 21, 25, 27, 32, 37, 40)
 ERR_WIN, ERR_RMA_SYNC, ERR_RMA_RANGE, ERR_RMA_SHARED, ERR_RMA_FLAVOR = 45, 50, 55, 57, 58
 TAG_UB = 2**31 - 1
 IDENT, CONGRUENT, SIMILAR, UNEQUAL = 0, 1, 2, 3
@@ -78,6 +84,12 @@ THREAD_SINGLE, THREAD_FUNNELED, THREAD_SERIALIZED, THREAD_MULTIPLE = 0, 1, 2, 3
 CART = 1
 VERSION, SUBVERSION = 3, 1
 COMM_TYPE_SHARED = 0  # (Split_type: the ranks of one machine)
+ORDER_C, ORDER_FORTRAN = 56, 57
+# MPI-IO (MPICH's values)
+MODE_CREATE, MODE_RDONLY, MODE_WRONLY, MODE_RDWR = 1, 2, 4, 8
+MODE_DELETE_ON_CLOSE, MODE_UNIQUE_OPEN, MODE_EXCL, MODE_APPEND, MODE_SEQUENTIAL = (
+    16, 32, 64, 128, 256)
+SEEK_SET, SEEK_CUR, SEEK_END = 600, 602, 604
 # one-sided communication (MPICH's values)
 LOCK_EXCLUSIVE, LOCK_SHARED = 234, 235
 MODE_NOCHECK, MODE_NOSTORE, MODE_NOPUT, MODE_NOPRECEDE, MODE_NOSUCCEED = (
@@ -254,24 +266,126 @@ GROUP_EMPTY = Group((), -1)
 
 # ------------------------------------------------------------------------------ datatypes
 class Datatype:
-    """A basic MPI datatype: its name and the numpy dtype it stands for."""
+    """An MPI datatype: a basic one (its name and the numpy dtype it stands for), or one
+    derived from it (``Create_contiguous``, ``Create_vector``, ``Create_subarray``): items
+    of the basic type at byte ``blocks`` ``(offset, length)`` within an ``extent``. Derived
+    types describe the layout of a file view (``File.Set_view``); the communication calls
+    take basic types."""
 
-    def __init__(self, name: str, dtype: Any):
+    def __init__(self, name: str, dtype: Any,
+                 blocks: tuple[tuple[int, int], ...] | None = None, extent: int | None = None):
         self.name = name
         self.dtype = np.dtype(dtype)
+        self._blocks = blocks  # None: a basic type, one item
+        self._extent = self.dtype.itemsize if extent is None else extent
+        self._committed = blocks is None  # (a derived type serves once committed, as in MPI)
 
     def __repr__(self) -> str:
-        return f"MPI.{self.name}"
+        return f"MPI.{self.name}" if self._blocks is None else f"<MPI.Datatype {self.name}>"
 
     def Get_size(self) -> int:  # noqa: N802
-        return self.dtype.itemsize
+        """Bytes of data (the gaps of a derived type not counted)."""
+        return self.dtype.itemsize if self._blocks is None else sum(n for _, n in self._blocks)
 
     @property
     def size(self) -> int:
-        return self.dtype.itemsize
+        return self.Get_size()
+
+    def Get_extent(self) -> tuple[int, int]:  # noqa: N802
+        """``(lower bound, extent)`` in bytes: a derived type's span, gaps included."""
+        return 0, self._extent
+
+    extent = property(lambda self: self._extent)
+    lb = property(lambda self: 0)
+    ub = property(lambda self: self._extent)
 
     def Get_name(self) -> str:  # noqa: N802
         return self.name
+
+    @property
+    def is_predefined(self) -> bool:
+        return self._blocks is None
+
+    def _layout(self) -> tuple[tuple[int, int], ...]:
+        return ((0, self.dtype.itemsize),) if self._blocks is None else self._blocks
+
+    def _derive(self, name: str, starts: Sequence[int], extent: int) -> Datatype:
+        """A type of this one's layout at each byte offset of ``starts``, adjacent blocks
+        merged."""
+        blocks: list[list[int]] = []
+        for start in starts:
+            for off, n in self._layout():
+                if blocks and blocks[-1][0] + blocks[-1][1] == start + off:
+                    blocks[-1][1] += n
+                else:
+                    blocks.append([start + off, n])
+        return Datatype(name, self.dtype, tuple((o, n) for o, n in blocks), extent)
+
+    def Create_contiguous(self, count: int) -> Datatype:  # noqa: N802
+        count = _check_count(count, "Create_contiguous")
+        return self._derive(f"contiguous({count})", [i * self._extent for i in range(count)],
+                            count * self._extent)
+
+    def Create_vector(self, count: int, blocklength: int, stride: int) -> Datatype:  # noqa: N802
+        """``count`` blocks of ``blocklength`` items, block starts ``stride`` items apart."""
+        count = _check_count(count, "Create_vector")
+        blocklength = _check_count(blocklength, "Create_vector")
+        e = self._extent
+        starts = [(i * stride + j) * e for i in range(count) for j in range(blocklength)]
+        return self._derive(f"vector({count}, {blocklength}, {stride})", starts,
+                            ((count - 1) * stride + blocklength) * e if count else 0)
+
+    def Create_hvector(self, count: int, blocklength: int, stride: int) -> Datatype:  # noqa: N802
+        """As :meth:`Create_vector`, the stride in bytes."""
+        count = _check_count(count, "Create_hvector")
+        blocklength = _check_count(blocklength, "Create_hvector")
+        e = self._extent
+        starts = [i * stride + j * e for i in range(count) for j in range(blocklength)]
+        return self._derive(f"hvector({count}, {blocklength}, {stride})", starts,
+                            (count - 1) * stride + blocklength * e if count else 0)
+
+    def Create_subarray(self, sizes: Sequence[int], subsizes: Sequence[int],  # noqa: N802
+                        starts: Sequence[int], order: int = ORDER_C) -> Datatype:
+        """The block ``starts .. starts + subsizes`` of an array of ``sizes`` items of this
+        type (``order``: ``MPI.ORDER_C``, row-major, or ``MPI.ORDER_FORTRAN``); its extent
+        is the whole array's."""
+        if not len(sizes) == len(subsizes) == len(starts) or not sizes:
+            raise ValueError("Create_subarray: sizes, subsizes and starts need one entry per "
+                             "dimension")
+        if any(st < 0 or sub < 0 or st + sub > n for n, sub, st in zip(sizes, subsizes, starts)):
+            raise ValueError(f"Create_subarray: the block {list(starts)} + {list(subsizes)} "
+                             f"is not inside {list(sizes)}")
+        if order not in (ORDER_C, ORDER_FORTRAN):
+            raise ValueError(f"Create_subarray: order must be MPI.ORDER_C or "
+                             f"MPI.ORDER_FORTRAN, got {order!r}")
+        npo: Literal["C", "F"] = "C" if order == ORDER_C else "F"
+        index = np.arange(int(np.prod(sizes))).reshape(tuple(sizes), order=npo)
+        block = index[tuple(slice(st, st + sub) for st, sub in zip(starts, subsizes))]
+        picked = block.reshape(-1, order=npo)
+        return self._derive(f"subarray({list(sizes)}, {list(subsizes)}, {list(starts)})",
+                            (picked * self._extent).tolist(), int(index.size) * self._extent)
+
+    def Create_resized(self, lb: int, extent: int) -> Datatype:  # noqa: N802
+        """This type with another extent (its tiles in a file view, or an array of it,
+        that far apart); a lower bound of 0 only."""
+        if lb != 0:
+            raise NotImplementedError("Datatype.Create_resized: a lower bound other than 0 is "
+                                      "not supported by rayflow's MPI")
+        if isinstance(extent, bool) or not isinstance(extent, (int, np.integer)) or extent < 0:
+            raise ValueError(f"Datatype.Create_resized: extent must be an int >= 0 (bytes), "
+                             f"got {extent!r}")
+        return Datatype(f"resized({self.name}, {extent})", self.dtype, self._layout(),
+                        int(extent))
+
+    def Commit(self) -> Datatype:  # noqa: N802
+        self._committed = True
+        return self
+
+    def Free(self) -> None:  # noqa: N802
+        pass
+
+    def Dup(self) -> Datatype:  # noqa: N802
+        return self
 
 
 _TYPES = {
@@ -292,6 +406,12 @@ INT: Datatype
 FLOAT: Datatype
 LONG: Datatype
 _BY_NAME = {n: globals()[n] for n in _TYPES}
+
+
+def _check_count(n: Any, where: str) -> int:
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 0:
+        raise ValueError(f"Datatype.{where}: counts must be ints >= 0, got {n!r}")
+    return int(n)
 
 
 def _datatype_of(dtype: np.dtype) -> Datatype:
@@ -424,6 +544,10 @@ def _buffer(spec: Any, where: str, writable: bool = False) -> tuple[np.ndarray, 
     elif not isinstance(dtype, Datatype):
         raise TypeError(f"{where}: the datatype must be an MPI datatype (MPI.DOUBLE ...), "
                         f"got {dtype!r}")
+    elif not dtype.is_predefined:
+        raise NotImplementedError(f"{where}: derived datatypes ({dtype!r}) in buffers are not "
+                                  f"supported by rayflow's MPI; they serve file views "
+                                  f"(File.Set_view)")
     elif dtype.dtype != buf.dtype:
         if dtype.dtype.itemsize != buf.dtype.itemsize:
             raise TypeError(f"{where}: buffer of {buf.dtype} does not hold {dtype} items")
@@ -2390,6 +2514,337 @@ def _win_class(nbytes: int) -> type:
 WIN_NULL = None
 
 
+# ------------------------------------------------------------------------------ MPI-IO
+def _file_error(exc: OSError, path: str, where: str) -> Exception:
+    """An OS error of a file call as MPI's error class."""
+    code = {errno.ENOENT: ERR_NO_SUCH_FILE, errno.EEXIST: ERR_FILE_EXISTS,
+            errno.EACCES: ERR_ACCESS, errno.EPERM: ERR_ACCESS,
+            errno.EROFS: ERR_READ_ONLY}.get(exc.errno or 0, ERR_IO)
+    return Exception(f"File.{where} {path!r}: {exc.strerror}", code)
+
+
+class File:
+    """A file that the ranks of a communicator open together and read and write at their
+    own offsets (mpi4py's ``MPI.File``, MPI-IO). Every rank reaches the file at the path it
+    was opened by: on one machine any path does, on a cluster the path must be on a file
+    system that every node mounts.
+
+    A view (``Set_view(disp, etype, filetype)``) says which bytes of the file a rank sees:
+    from byte ``disp`` on, the filetype's blocks, tiled by its extent (``Create_vector``,
+    ``Create_subarray`` ...); offsets and the file pointer count etypes of the view. Reads
+    and writes go straight to the file (``os.pread``/``os.pwrite``), so the collective ones
+    (``Write_at_all`` ...) are the independent ones called by every rank, and a write is in
+    the file once it returns (``Sync`` flushes it to the disk)."""
+
+    def __init__(self, comm: Comm, path: str, fd: int, amode: int):
+        self._comm, self._path, self._fd, self._amode = comm, path, fd, amode
+        self._disp, self._etype, self._filetype = 0, _BY_NAME["BYTE"], _BY_NAME["BYTE"]
+        self._pos = 0  # the individual file pointer, in etypes of the view
+        self._atomic = False
+        if amode & MODE_APPEND:
+            self._pos = os.fstat(fd).st_size
+
+    @classmethod
+    def Open(cls, comm: Comm, filename: Any, amode: int = MODE_RDONLY,  # noqa: N802
+             info: Any = None) -> File:
+        """Open ``filename`` on every rank of ``comm`` (collective). ``amode``: exactly one
+        of ``MODE_RDONLY``, ``MODE_WRONLY``, ``MODE_RDWR``, with ``MODE_CREATE``,
+        ``MODE_EXCL``, ``MODE_APPEND``, ``MODE_DELETE_ON_CLOSE`` (``MODE_UNIQUE_OPEN``,
+        ``MODE_SEQUENTIAL`` accepted)."""
+        if not isinstance(comm, Comm):
+            raise TypeError(f"File.Open: comm must be an MPI communicator, got {comm!r}")
+        path = os.fspath(filename)
+        access = [m for m in (MODE_RDONLY, MODE_WRONLY, MODE_RDWR) if amode & m]
+        known = (MODE_RDONLY | MODE_WRONLY | MODE_RDWR | MODE_CREATE | MODE_EXCL | MODE_APPEND
+                 | MODE_DELETE_ON_CLOSE | MODE_UNIQUE_OPEN | MODE_SEQUENTIAL)
+        if len(access) != 1 or amode & ~known or (
+                amode & MODE_RDONLY and amode & (MODE_CREATE | MODE_EXCL)):
+            raise Exception(f"File.Open {path!r}: amode {amode} must hold exactly one of "
+                            f"MODE_RDONLY, MODE_WRONLY and MODE_RDWR (MODE_RDONLY without "
+                            f"MODE_CREATE and MODE_EXCL)", ERR_AMODE)
+        flags = {MODE_RDONLY: os.O_RDONLY, MODE_WRONLY: os.O_WRONLY,
+                 MODE_RDWR: os.O_RDWR}[access[0]] | getattr(os, "O_CLOEXEC", 0)
+        c = comm._c
+        # rank 0 creates it (once, for MODE_EXCL); the others open what it made
+        first = flags | (os.O_CREAT if amode & MODE_CREATE else 0) | (
+            os.O_EXCL if amode & MODE_EXCL else 0)
+        fd, error = -1, None
+        if c.rank == 0:
+            try:
+                fd = os.open(path, first, 0o666)
+            except OSError as exc:
+                error = _file_error(exc, path, "Open")
+        error = c.bcast(error, 0)
+        if error is None and c.rank != 0:
+            try:
+                fd = os.open(path, flags)
+            except OSError as exc:
+                error = _file_error(exc, path, "Open")
+        errors = c.allgather(error)  # one rank failing fails the open everywhere
+        failed = next((e for e in errors if e is not None), None)
+        if failed is not None:
+            if fd >= 0:
+                os.close(fd)
+            raise failed
+        return cls(comm.Dup(), path, fd, amode)
+
+    @classmethod
+    def Delete(cls, filename: Any, info: Any = None) -> None:  # noqa: N802
+        path = os.fspath(filename)
+        try:
+            os.unlink(path)
+        except OSError as exc:
+            raise _file_error(exc, path, "Delete") from None
+
+    @property
+    def _f(self) -> int:
+        if self._fd < 0:
+            raise Exception(f"File {self._path!r} is closed", ERR_FILE)
+        return self._fd
+
+    def __bool__(self) -> bool:
+        return self._fd >= 0
+
+    def __repr__(self) -> str:
+        return f"<MPI.File {self._path!r}{'' if self._fd >= 0 else ' (closed)'}>"
+
+    def Close(self) -> None:  # noqa: N802
+        """Close it on every rank (collective); ``MODE_DELETE_ON_CLOSE`` deletes it then."""
+        fd = self._f
+        self._comm.Barrier()  # every rank's writes are in
+        os.close(fd)
+        self._fd = -1
+        if self._amode & MODE_DELETE_ON_CLOSE and self._comm.Get_rank() == 0:
+            os.unlink(self._path)
+        self._comm.Barrier()
+
+    def Get_size(self) -> int:  # noqa: N802
+        return os.fstat(self._f).st_size
+
+    size = property(Get_size)
+
+    def Set_size(self, size: int) -> None:  # noqa: N802
+        """Truncate or extend it to ``size`` bytes (collective)."""
+        fd = self._f
+        self._comm.Barrier()
+        if self._comm.Get_rank() == 0:
+            os.ftruncate(fd, int(size))
+        self._comm.Barrier()
+
+    def Preallocate(self, size: int) -> None:  # noqa: N802
+        fd = self._f
+        self._comm.Barrier()
+        if self._comm.Get_rank() == 0 and os.fstat(fd).st_size < size:
+            os.ftruncate(fd, int(size))
+        self._comm.Barrier()
+
+    def Get_amode(self) -> int:  # noqa: N802
+        return self._amode
+
+    amode = property(Get_amode)
+
+    def Get_group(self) -> Group:  # noqa: N802
+        return self._comm.Get_group()
+
+    group = property(Get_group)
+
+    def Sync(self) -> None:  # noqa: N802
+        os.fsync(self._f)
+
+    def Set_atomicity(self, flag: bool) -> None:  # noqa: N802
+        self._atomic = bool(flag)  # (each call is one pwrite: atomic enough for a view's block)
+
+    def Get_atomicity(self) -> bool:  # noqa: N802
+        return self._atomic
+
+    # ------------------------------------------------------------ views
+    def Set_view(self, disp: int = 0, etype: Datatype | None = None,  # noqa: N802
+                 filetype: Datatype | None = None, datarep: str = "native",
+                 info: Any = None) -> None:
+        """See from byte ``disp`` on, through ``filetype`` (tiled by its extent), counting in
+        ``etype`` items (``MPI.BYTE`` both, by default); the file pointer goes to 0."""
+        self._f  # noqa: B018
+        etype = _BY_NAME["BYTE"] if etype is None else etype
+        filetype = etype if filetype is None else filetype
+        if not isinstance(etype, Datatype) or not isinstance(filetype, Datatype):
+            raise TypeError("File.Set_view: etype and filetype must be MPI datatypes")
+        for t in (etype, filetype):
+            if not t._committed:
+                raise Exception(f"File.Set_view: {t!r} is not committed (call its Commit() "
+                                f"first)", ERR_TYPE)
+        if datarep != "native":
+            raise NotImplementedError(f"File.Set_view: data representation {datarep!r} is not "
+                                      f"supported by rayflow's MPI ('native' is)")
+        if disp < 0 or filetype.Get_size() % etype.Get_size():
+            raise Exception(f"File.Set_view: displacement {disp} must be >= 0 and the "
+                            f"filetype ({filetype!r}) whole etypes ({etype!r})", ERR_ARG)
+        self._disp, self._etype, self._filetype, self._pos = int(disp), etype, filetype, 0
+
+    def Get_view(self) -> tuple[int, Datatype, Datatype]:  # noqa: N802
+        return self._disp, self._etype, self._filetype
+
+    def _ranges(self, offset: int, nbytes: int) -> list[tuple[int, int]]:
+        """The ``(file byte, length)`` runs of ``nbytes`` bytes of the view from etype
+        ``offset`` on."""
+        ft = self._filetype
+        blocks, extent, per_tile = ft._layout(), ft._extent, ft.Get_size()
+        if per_tile == 0:
+            raise Exception("File: the view's filetype holds no data", ERR_ARG)
+        pos = offset * self._etype.Get_size()  # bytes of the view before the first one
+        out: list[tuple[int, int]] = []
+        while nbytes > 0:
+            tile, within = divmod(pos, per_tile)
+            for off, n in blocks:
+                if within >= n:
+                    within -= n
+                    continue
+                take = min(n - within, nbytes)
+                start = self._disp + tile * extent + off + within
+                if out and out[-1][0] + out[-1][1] == start:
+                    out[-1] = (out[-1][0], out[-1][1] + take)
+                else:
+                    out.append((start, take))
+                pos, nbytes, within = pos + take, nbytes - take, 0
+                if nbytes == 0:
+                    break
+        return out
+
+    def Get_byte_offset(self, offset: int) -> int:  # noqa: N802
+        """The file byte at etype ``offset`` of the view."""
+        runs = self._ranges(int(offset), 1)
+        return runs[0][0]
+
+    # ------------------------------------------------------------ data
+    def _items(self, buf: Any, where: str, writable: bool) -> np.ndarray:
+        flat, dtype = _buffer(buf, f"File.{where}", writable=writable)
+        if flat.nbytes % self._etype.Get_size():
+            raise Exception(f"File.{where}: {flat.nbytes} bytes are not whole etypes of the "
+                            f"view ({self._etype!r})", ERR_ARG)
+        return flat
+
+    def _write(self, offset: int, buf: Any, where: str) -> int:
+        fd = self._f
+        if not self._amode & (MODE_WRONLY | MODE_RDWR):
+            raise Exception(f"File.{where}: {self._path!r} was opened read-only", ERR_READ_ONLY)
+        data = self._items(buf, where, False).data.cast("B")
+        done = 0
+        for start, n in self._ranges(offset, data.nbytes):
+            os.pwrite(fd, data[done:done + n], start)
+            done += n
+        return data.nbytes // self._etype.Get_size()
+
+    def _read(self, offset: int, buf: Any, where: str, status: Status | None) -> int:
+        fd = self._f
+        if self._amode & MODE_WRONLY:
+            raise Exception(f"File.{where}: {self._path!r} was opened write-only", ERR_ACCESS)
+        data = self._items(buf, where, True).data.cast("B")
+        done = 0
+        for start, n in self._ranges(offset, data.nbytes):
+            got = os.preadv(fd, [data[done:done + n]], start)
+            done += got
+            if got < n:  # the end of the file
+                break
+        if status is not None:
+            status.source, status.tag, status._nbytes, status._pickled = (
+                PROC_NULL, ANY_TAG, done, False)
+        return done // self._etype.Get_size()
+
+    def Write_at(self, offset: int, buf: Any, status: Status | None = None) -> None:  # noqa: N802
+        self._write(int(offset), buf, "Write_at")
+
+    def Read_at(self, offset: int, buf: Any, status: Status | None = None) -> None:  # noqa: N802
+        self._read(int(offset), buf, "Read_at", status)
+
+    def Write(self, buf: Any, status: Status | None = None) -> None:  # noqa: N802
+        self._pos += self._write(self._pos, buf, "Write")
+
+    def Read(self, buf: Any, status: Status | None = None) -> None:  # noqa: N802
+        self._pos += self._read(self._pos, buf, "Read", status)
+
+    # the collective forms: every rank calls them; each rank's part goes straight to the file
+    Write_at_all, Read_at_all = Write_at, Read_at
+    Write_all, Read_all = Write, Read
+
+    def _done(self, fn: Callable, *args: Any) -> Request:
+        fn(*args)
+        return Request(None, PROC_NULL)  # (complete: the call returned after the transfer)
+
+    def Iwrite_at(self, offset: int, buf: Any) -> Request:  # noqa: N802
+        return self._done(self.Write_at, offset, buf)
+
+    def Iread_at(self, offset: int, buf: Any) -> Request:  # noqa: N802
+        return self._done(self.Read_at, offset, buf)
+
+    def Iwrite(self, buf: Any) -> Request:  # noqa: N802
+        return self._done(self.Write, buf)
+
+    def Iread(self, buf: Any) -> Request:  # noqa: N802
+        return self._done(self.Read, buf)
+
+    Iwrite_at_all, Iread_at_all, Iwrite_all, Iread_all = Iwrite_at, Iread_at, Iwrite, Iread
+
+    def Seek(self, offset: int, whence: int = SEEK_SET) -> None:  # noqa: N802
+        """Move the individual file pointer (etypes of the view)."""
+        if whence == SEEK_SET:
+            pos = int(offset)
+        elif whence == SEEK_CUR:
+            pos = self._pos + int(offset)
+        elif whence == SEEK_END:  # (the view's etypes up to the file's end)
+            end = self.Get_size() - self._disp
+            ft = self._filetype
+            tiles, rest = divmod(max(end, 0), ft._extent or 1)
+            seen = sum(max(0, min(n, rest - off)) for off, n in ft._layout())
+            pos = (tiles * ft.Get_size() + seen) // self._etype.Get_size() + int(offset)
+        else:
+            raise ValueError(f"File.Seek: whence must be MPI.SEEK_SET, SEEK_CUR or SEEK_END, "
+                             f"got {whence!r}")
+        if pos < 0:
+            raise Exception(f"File.Seek: position {pos} is before the view's start", ERR_ARG)
+        self._pos = pos
+
+    def Get_position(self) -> int:  # noqa: N802
+        return self._pos
+
+    def _shared(self, *args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError("the shared file pointer (File.Read_shared, Write_shared, "
+                                  "Read_ordered, Write_ordered, Seek_shared) is not supported "
+                                  "by rayflow's MPI")
+
+    Read_shared = Write_shared = Read_ordered = Write_ordered = Seek_shared = _shared
+    Get_position_shared = Iread_shared = Iwrite_shared = _shared
+    Read_ordered_begin = Read_ordered_end = Write_ordered_begin = Write_ordered_end = _shared
+
+    # split collectives: the transfer at the begin, nothing left for the end
+    def Write_at_all_begin(self, offset: int, buf: Any) -> None:  # noqa: N802
+        self.Write_at(offset, buf)
+
+    def Read_at_all_begin(self, offset: int, buf: Any) -> None:  # noqa: N802
+        self.Read_at(offset, buf)
+
+    def Write_all_begin(self, buf: Any) -> None:  # noqa: N802
+        self.Write(buf)
+
+    def Read_all_begin(self, buf: Any) -> None:  # noqa: N802
+        self.Read(buf)
+
+    def _end(self, buf: Any, status: Status | None = None) -> None:
+        self._f  # noqa: B018
+
+    Write_at_all_end = Read_at_all_end = Write_all_end = Read_all_end = _end
+
+    def Get_type_extent(self, datatype: Datatype) -> int:  # noqa: N802
+        return datatype.extent
+
+    def Set_errhandler(self, errhandler: Errhandler) -> None:  # noqa: N802
+        self._comm.Set_errhandler(errhandler)
+
+    def Get_errhandler(self) -> Errhandler:  # noqa: N802
+        return self._comm.Get_errhandler()
+
+
+FILE_NULL = None
+
+
 # ------------------------------------------------------------------------------ the world
 COMM_NULL = Comm(None)
 COMM_WORLD = Intracomm(None)
@@ -2460,7 +2915,6 @@ def Query_thread() -> int:  # noqa: N802
 
 
 _UNSUPPORTED = {
-    "File": "MPI-IO (MPI.File)",
     "Intercomm": "intercommunicators (MPI.Intercomm)",
     "Graphcomm": "graph topologies (MPI.Graphcomm)",
     "Distgraphcomm": "graph topologies (MPI.Distgraphcomm)",

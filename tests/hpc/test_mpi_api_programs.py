@@ -1,6 +1,6 @@
 """Unmodified mpi4py programs (compute pi, a ring, a matvec with Allgather, uneven rows with
-Scatterv/Gatherv and a manager that sizes results with Probe, the one-sided tutorial, and the
-calls whose results MPICH gave) run by ``run_mpi`` on a shared gang (each backend) and by ``rayflow mpirun`` in a
+Scatterv/Gatherv and a manager that sizes results with Probe, the one-sided and MPI-IO
+tutorials, and the calls whose results MPICH gave) run by ``run_mpi`` on a shared gang (each backend) and by ``rayflow mpirun`` in a
 subprocess; outputs against numpy, or against MPICH's."""
 
 from __future__ import annotations
@@ -105,6 +105,26 @@ def test_mpi4pys_one_sided_tutorial_runs_unmodified(gang, program):
     assert _run(gang, program) == []
 
 
+def test_mpi_io_calls_give_what_mpich_gives(gang, tmp_path):
+    """Opening modes and their errors, explicit offsets, the file pointer, vector and
+    subarray views, sizes and the other forms: each rank's results (what it read back
+    included) beside those the same program wrote under MPICH (io_mpich_n3/)."""
+    assert _run(gang, "io.py", str(tmp_path)) == []
+    for r in range(3):
+        want = (PROGRAMS / "io_mpich_n3" / f"rank{r}.txt").read_text().splitlines()
+        assert (tmp_path / f"rank{r}.txt").read_text().splitlines() == want
+
+
+def test_mpi4pys_io_tutorial_writes_mpichs_files(gang, tmp_path):
+    """The tutorial's collective I/O programs, contiguous and through a vector view: the
+    files they write are MPICH's, byte for byte."""
+    for program in ("io_contig.py", "io_noncontig.py"):
+        assert _run(gang, program, str(tmp_path)) == []
+    for name in ("datafile.contig", "datafile.noncontig"):
+        want = (PROGRAMS / "io_tutorial_mpich_n3" / name).read_bytes()
+        assert (tmp_path / name).read_bytes() == want
+
+
 def rows_reference(n: int, size: int) -> list[str]:
     sums = np.arange(n * 4, dtype="d").reshape(n, 4).sum(axis=1)
     tasks = range(1, 2 * size) if size > 1 else ()
@@ -136,12 +156,13 @@ def test_the_programs_on_one_and_five_ranks(gang, size, tmp_path):
         out = tmp_path / "y.npy"
         assert _run(g, "matvec.py", "3", str(out)) == ["[0] saved"]
         np.testing.assert_allclose(np.load(out), matvec_reference(3, size), rtol=1e-12)
-        rma = tmp_path / "rma"
-        rma.mkdir()
-        assert _run(g, "rma.py", str(rma)) == []
-        for r in range(size):  # MPICH's files of the same program on as many ranks
-            want = PROGRAMS / f"rma_mpich_n{size}" / f"rank{r}.txt"
-            assert (rma / f"rank{r}.txt").read_text() == want.read_text()
+        for program in ("rma", "io"):
+            d = tmp_path / program
+            d.mkdir()
+            assert _run(g, f"{program}.py", str(d)) == []
+            for r in range(size):  # MPICH's files of the same program on as many ranks
+                want = PROGRAMS / f"{program}_mpich_n{size}" / f"rank{r}.txt"
+                assert (d / f"rank{r}.txt").read_text() == want.read_text()
         if size == 1 or gang.backend != "gloo":  # (its manager probes ANY_SOURCE)
             assert _run(g, "rows.py", "7") == rows_reference(7, size)
 
