@@ -9,7 +9,7 @@ import MPI`` resolves to this module and ``COMM_WORLD`` spans the gang. Anywhere
 Covered, with mpi4py's names and signatures: communicators (``Get_rank``, ``Get_size``,
 ``Dup``, ``Split``, ``Split_type``, ``Free``, ``Create_cart``, groups and ``Create``/
 ``Create_group``; Cartesian ``Get_coords``, ``Get_cart_rank``,
-``Shift``, ``Sub``), the lowercase pickle methods (``send``, ``recv``, ``isend``, ``irecv``,
+``Shift``, ``Sub``; graphs and distributed graphs with the neighbor collectives), the lowercase pickle methods (``send``, ``recv``, ``isend``, ``irecv``,
 ``sendrecv``, ``bcast``, ``scatter``, ``gather``, ``allgather``, ``alltoall``, ``reduce``,
 ``allreduce``, ``barrier``) with tags, :data:`ANY_SOURCE`, :data:`ANY_TAG` and
 :class:`Status`, ``probe``/``iprobe``, and the uppercase buffer methods on numpy arrays or
@@ -32,8 +32,8 @@ the module polls; a transport without it raises ``NotImplementedError`` for ``AN
 Collectives run on :class:`rayflow.hpc.comm.Communicator` and are matched in call order.
 
 Not supported, raising ``NotImplementedError`` naming the feature: dynamic windows
-(``Win.Create_dynamic``), MPI-IO's shared file pointer, intercommunicators and dynamic processes (``Spawn``,
-``Intercomm``), graph topologies, derived datatypes (``Alltoallw``), ``Cancel``, and
+(``Win.Create_dynamic``), MPI-IO's shared file pointer, intercommunicators and dynamic
+processes (``Spawn``, ``Intercomm``), derived datatypes in communication (``Alltoallw``), and
 buffer ``MAXLOC``/``MINLOC`` (the lowercase
 methods support them on ``(value, index)`` pairs).
 
@@ -55,7 +55,7 @@ import os
 import pickle
 import socket
 import time
-from collections import defaultdict, deque
+from collections import Counter, defaultdict, deque
 from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
@@ -81,7 +81,7 @@ ERR_WIN, ERR_RMA_SYNC, ERR_RMA_RANGE, ERR_RMA_SHARED, ERR_RMA_FLAVOR = 45, 50, 5
 TAG_UB = 2**31 - 1
 IDENT, CONGRUENT, SIMILAR, UNEQUAL = 0, 1, 2, 3
 THREAD_SINGLE, THREAD_FUNNELED, THREAD_SERIALIZED, THREAD_MULTIPLE = 0, 1, 2, 3
-CART = 1
+GRAPH, CART, DIST_GRAPH = 1, 2, 3
 VERSION, SUBVERSION = 3, 1
 COMM_TYPE_SHARED = 0  # (Split_type: the ranks of one machine)
 ORDER_C, ORDER_FORTRAN = 56, 57
@@ -99,6 +99,8 @@ WIN_BASE, WIN_SIZE, WIN_DISP_UNIT, WIN_CREATE_FLAVOR, WIN_MODEL = (
 WIN_FLAVOR_CREATE, WIN_FLAVOR_ALLOCATE, WIN_FLAVOR_DYNAMIC, WIN_FLAVOR_SHARED = 1, 2, 3, 4
 WIN_SEPARATE, WIN_UNIFIED = 1, 2
 INFO_NULL = None
+UNWEIGHTED = ("UNWEIGHTED",)  # (a marker, as MPI.UNWEIGHTED: no weights)
+WEIGHTS_EMPTY: list[int] = []
 
 
 class _InPlace:
@@ -668,9 +670,11 @@ class Status:
         self._nbytes = 0
         self._obj: Any = None
         self._pickled = False
+        self._cancelled = False
 
     def _set(self, source: int, tag: int, obj: Any, is_buffer: bool) -> None:
         """What a receive (or a probe) matched; from ``PROC_NULL``: nothing, no items."""
+        self._cancelled = False
         if source == PROC_NULL:
             self.source, self.tag, self._nbytes, self._pickled = PROC_NULL, ANY_TAG, 0, False
             return
@@ -688,6 +692,12 @@ class Status:
 
     def Get_error(self) -> int:  # noqa: N802
         return self.error
+
+    def Is_cancelled(self) -> bool:  # noqa: N802
+        """Whether the request was cancelled (``Request.Cancel``) instead of completed."""
+        return self._cancelled
+
+    cancelled = property(Is_cancelled)
 
     def Get_count(self, datatype: Datatype | None = None) -> int:  # noqa: N802
         """Items of ``datatype`` received (bytes by default; a pickled message counts the
@@ -716,6 +726,7 @@ class Request:
         self._buf = buf
         self._where = where
         self._done = comm is None  # a send, or a receive from PROC_NULL
+        self._cancelled = False
         self._value: Any = None
         self._status: tuple[int, int, Any, bool] = (source, tag, None, buf is not None)
 
@@ -732,6 +743,7 @@ class Request:
     def _fill(self, status: Status | None) -> None:
         if status is not None:
             status._set(*self._status)
+            status._cancelled = self._cancelled
 
     def Wait(self, status: Status | None = None) -> bool:  # noqa: N802
         if not self._done:
@@ -755,7 +767,18 @@ class Request:
         return done, (self._value if done else None)
 
     def Cancel(self) -> None:  # noqa: N802
-        raise NotImplementedError("MPI.Request.Cancel is not supported by rayflow's MPI")
+        """Cancel a receive that no message has matched yet: it completes at once, its
+        status says so (``Is_cancelled``), and the message it would have taken stays for
+        the next receive. A send (buffered: out already), a completed receive and a
+        non-blocking collective are not cancelled."""
+        comm = self._comm
+        if self._done or comm is None or not any(r is self for r in comm._posted):
+            return
+        comm._posted = [r for r in comm._posted if r is not self]
+        self._cancelled, self._done = True, True
+        self._status = (PROC_NULL, ANY_TAG, None, self._buf is not None)
+
+    cancel = Cancel
 
     def Free(self) -> None:  # noqa: N802
         pass
@@ -839,6 +862,11 @@ class Prequest(Request):
         self._done = self._active.Test(status)
         self._value = self._active._value
         return self._done
+
+    def Cancel(self) -> None:  # noqa: N802
+        if self._active is not None:
+            self._active.Cancel()
+            self._done = self._active._done
 
 
 class Message:
@@ -1138,12 +1166,67 @@ class Comm:
             return COMM_NULL  # type: ignore[return-value]
         return Cartcomm(base.create_cart(dims, periods))
 
-    def Create_graph(self, *args: Any, **kwargs: Any) -> Any:  # noqa: N802
-        raise NotImplementedError("graph topologies (Create_graph, Create_dist_graph) are not "
-                                  "supported by rayflow's MPI")
+    def Create_graph(self, index: Sequence[int], edges: Sequence[int],  # noqa: N802
+                     reorder: bool = False) -> Graphcomm:
+        """A graph over the first ``len(index)`` ranks (the others get ``COMM_NULL``): node
+        ``i``'s neighbors are ``edges[index[i-1]:index[i]]``. Collective; ``reorder`` is
+        accepted and ignored."""
+        c = self._c
+        index, edges = [int(i) for i in index], [int(e) for e in edges]
+        n = len(index)
+        if n > c.size or any(b < a for a, b in zip([0, *index], index)) or (
+                index and index[-1] != len(edges)):
+            raise ValueError(f"Create_graph: index {index} must be non-decreasing, end at "
+                             f"len(edges) = {len(edges)}, and name at most {c.size} nodes")
+        _ranks_list(edges, n, "Create_graph")
+        base = c.split(0 if c.rank < n else UNDEFINED, c.rank)
+        if c.rank >= n:
+            return COMM_NULL  # type: ignore[return-value]
+        return Graphcomm(base, index, edges)
 
-    Create_dist_graph = Create_graph
-    Create_dist_graph_adjacent = Create_graph
+    def Create_dist_graph_adjacent(self, sources: Sequence[int],  # noqa: N802
+                                   destinations: Sequence[int], sourceweights: Any = None,
+                                   destweights: Any = None, info: Any = None,
+                                   reorder: bool = False) -> Distgraphcomm:
+        """This rank's sources and destinations, as it lists them (and their weights).
+        Collective; ``reorder`` is accepted and ignored."""
+        c = self._c
+        src = _ranks_list(sources, c.size, "Create_dist_graph_adjacent")
+        dst = _ranks_list(destinations, c.size, "Create_dist_graph_adjacent")
+        sw = _weights(sourceweights, len(src), "Create_dist_graph_adjacent")
+        dw = _weights(destweights, len(dst), "Create_dist_graph_adjacent")
+        if (sw is None) != (dw is None):
+            raise ValueError("Create_dist_graph_adjacent: weights for both the sources and "
+                             "the destinations, or for neither")
+        base = self.Dup()._c
+        return Distgraphcomm(base, src, dst, None if sw is None else (sw, dw or []))
+
+    def Create_dist_graph(self, sources: Sequence[int], degrees: Sequence[int],  # noqa: N802
+                          destinations: Sequence[int], weights: Any = None,
+                          info: Any = None, reorder: bool = False) -> Distgraphcomm:
+        """Edges given by any rank: from ``sources[i]`` to the next ``degrees[i]`` entries
+        of ``destinations``. Collective: every rank learns its own sources and
+        destinations (ordered by the rank that gave the edge, then as it gave them)."""
+        c = self._c
+        src = _ranks_list(sources, c.size, "Create_dist_graph")
+        dst = _ranks_list(destinations, c.size, "Create_dist_graph")
+        degs = [int(d) for d in degrees]
+        if len(degs) != len(src) or sum(degs) != len(dst) or any(d < 0 for d in degs):
+            raise ValueError(f"Create_dist_graph: degrees {degs} must give one count per "
+                             f"source and add up to the {len(dst)} destinations")
+        w = _weights(weights, len(dst), "Create_dist_graph")
+        starts = list(itertools.accumulate(degs, initial=0))
+        mine = [(s, d, None if w is None else w[starts[i] + j])
+                for i, s in enumerate(src) for j, d in enumerate(dst[starts[i]:starts[i + 1]])]
+        everyone = c.allgather((mine, w is not None))
+        edges = [e for part, _ in everyone for e in part]
+        weighted = any(flag for _, flag in everyone)
+        ins = [(s, wt) for s, d, wt in edges if d == c.rank]
+        outs = [(d, wt) for s, d, wt in edges if s == c.rank]
+        base = self.Dup()._c
+        return Distgraphcomm(base, [s for s, _ in ins], [d for d, _ in outs],
+                             ([wt or 0 for _, wt in ins], [wt or 0 for _, wt in outs])
+                             if weighted else None)
 
     def Create_intercomm(self, *args: Any, **kwargs: Any) -> Any:  # noqa: N802
         raise NotImplementedError("intercommunicators (Create_intercomm) are not supported by "
@@ -1948,7 +2031,195 @@ class Intracomm(Comm):
     """An intracommunicator (every communicator here is one)."""
 
 
-class Cartcomm(Intracomm):
+class Topocomm(Intracomm):
+    """A communicator with neighbors (mpi4py's ``Topocomm``: Cartesian, graph and
+    distributed graph): the neighbor collectives send to each destination and receive from
+    each source, in the order of those lists (a neighbor listed twice is two edges, matched
+    in order; ``PROC_NULL``, a Cartesian edge off a non-periodic grid, sends and receives
+    nothing)."""
+
+    def _edges(self) -> tuple[list[int], list[int]]:
+        """``(sources, destinations)``, ranks of this communicator."""
+        raise NotImplementedError
+
+    @property
+    def degrees(self) -> tuple[int, int]:
+        sources, dests = self._edges()
+        return len(sources), len(dests)
+
+    indegree = property(lambda self: self.degrees[0])
+    outdegree = property(lambda self: self.degrees[1])
+    inedges = property(lambda self: list(self._edges()[0]))
+    outedges = property(lambda self: list(self._edges()[1]))
+    inoutedges = property(lambda self: tuple(list(e) for e in self._edges()))
+
+    def _exchange(self, parts: Sequence[Any], where: str) -> list[Any]:
+        """``parts[i]`` to the i-th destination; one message from each source, in order."""
+        c = self._c
+        sources, dests = self._edges()
+        if len(parts) != len(dests):
+            raise ValueError(f"{where}: {len(parts)} items to send, the communicator has "
+                             f"{len(dests)} destinations")
+        seq = next(self._nbr_seq)
+        send_keys, recv_keys = self._edge_keys(sources, dests)
+        mine: dict[Any, Any] = {}  # edges to this rank itself, by their key
+        for d, k, obj in zip(dests, send_keys, parts):
+            if d == PROC_NULL:
+                continue
+            if d == c.rank:
+                mine[k] = obj.copy() if isinstance(obj, np.ndarray) else pickle.loads(
+                    pickle.dumps(obj))
+            else:
+                c._send_to(d, ("nbr", c._ctx, seq, k), obj)
+        return [None if s == PROC_NULL else mine.pop(k) if s == c.rank
+                else c._recv_from(s, ("nbr", c._ctx, seq, k))
+                for s, k in zip(sources, recv_keys)]
+
+    @staticmethod
+    def _edge_keys(sources: list[int], dests: list[int]) -> tuple[list[Any], list[Any]]:
+        """What tells the edges between two ranks apart: their order (the k-th edge from a
+        rank to another meets the other's k-th edge from it)."""
+        def nth(ranks: list[int]) -> list[Any]:
+            seen: Counter = Counter()
+            keys = []
+            for q in ranks:
+                keys.append((q, seen[q]))
+                seen[q] += 1
+            return keys
+
+        sent, got = nth(dests), nth(sources)
+        return [k for _, k in sent], [k for _, k in got]
+
+    @property
+    def _nbr_seq(self) -> itertools.count:
+        seq = getattr(self, "_nbr_count", None)
+        if seq is None:
+            seq = self._nbr_count = itertools.count()
+        return seq
+
+    def neighbor_allgather(self, sendobj: Any) -> list[Any]:
+        """``sendobj`` to every destination; the sources' objects, in order (None from
+        ``PROC_NULL``)."""
+        return self._exchange([sendobj] * self.outdegree, "neighbor_allgather")
+
+    def neighbor_alltoall(self, sendobj: Sequence[Any]) -> list[Any]:
+        """``sendobj[i]`` to the i-th destination; the sources' objects, in order."""
+        return self._exchange(list(sendobj), "neighbor_alltoall")
+
+    def _into(self, blocks: list[np.ndarray], got: list[Any], where: str) -> None:
+        for block, g in zip(blocks, got):
+            if g is not None:  # (PROC_NULL leaves its block as it was)
+                _copy_into(block, g, where)
+
+    def Neighbor_allgather(self, sendbuf: Any, recvbuf: Any) -> None:  # noqa: N802
+        flat, _ = _buffer(sendbuf, "Neighbor_allgather")
+        out, _ = _buffer(recvbuf, "Neighbor_allgather", writable=True)
+        self._into(_chunks(out, self.indegree, "Neighbor_allgather"),
+                   self._exchange([flat] * self.outdegree, "Neighbor_allgather"),
+                   "Neighbor_allgather")
+
+    def Neighbor_alltoall(self, sendbuf: Any, recvbuf: Any) -> None:  # noqa: N802
+        flat, _ = _buffer(sendbuf, "Neighbor_alltoall")
+        out, _ = _buffer(recvbuf, "Neighbor_alltoall", writable=True)
+        self._into(_chunks(out, self.indegree, "Neighbor_alltoall"),
+                   self._exchange(_chunks(flat, self.outdegree, "Neighbor_alltoall"),
+                                  "Neighbor_alltoall"), "Neighbor_alltoall")
+
+    def Neighbor_allgatherv(self, sendbuf: Any, recvbuf: Any) -> None:  # noqa: N802
+        flat, _ = _buffer(sendbuf, "Neighbor_allgatherv")
+        self._into(_vblocks(recvbuf, self.indegree, "Neighbor_allgatherv", writable=True),
+                   self._exchange([flat] * self.outdegree, "Neighbor_allgatherv"),
+                   "Neighbor_allgatherv")
+
+    def Neighbor_alltoallv(self, sendbuf: Any, recvbuf: Any) -> None:  # noqa: N802
+        self._into(_vblocks(recvbuf, self.indegree, "Neighbor_alltoallv", writable=True),
+                   self._exchange(_vblocks(sendbuf, self.outdegree, "Neighbor_alltoallv"),
+                                  "Neighbor_alltoallv"), "Neighbor_alltoallv")
+
+
+class Graphcomm(Topocomm):
+    """A communicator with a graph topology (``Create_graph``): node ``i``'s neighbors
+    are ``edges[index[i-1]:index[i]]``, both its sources and its destinations."""
+
+    def __init__(self, base: _comm.Communicator, index: list[int], edges: list[int]):
+        super().__init__(base)
+        self._index, self._graph_edges = index, edges
+
+    def Get_topology(self) -> int:  # noqa: N802
+        return GRAPH
+
+    def Get_topo(self) -> tuple[list[int], list[int]]:  # noqa: N802
+        return list(self._index), list(self._graph_edges)
+
+    topo = property(Get_topo)
+    index = property(lambda self: list(self._index))
+    edges = property(lambda self: list(self._graph_edges))
+
+    def Get_dims(self) -> tuple[int, int]:  # noqa: N802
+        return len(self._index), len(self._graph_edges)
+
+    dims = property(Get_dims)
+    nnodes = property(lambda self: len(self._index))
+    nedges = property(lambda self: len(self._graph_edges))
+
+    def Get_neighbors(self, rank: int) -> list[int]:  # noqa: N802
+        r = self._check_peer(rank, "Get_neighbors")
+        return self._graph_edges[self._index[r - 1] if r else 0:self._index[r]]
+
+    def Get_neighbors_count(self, rank: int) -> int:  # noqa: N802
+        return len(self.Get_neighbors(rank))
+
+    neighbors = property(lambda self: self.Get_neighbors(self.Get_rank()))
+    nneighbors = property(lambda self: len(self.neighbors))
+
+    def _edges(self) -> tuple[list[int], list[int]]:
+        mine = self.neighbors
+        return mine, mine
+
+
+class Distgraphcomm(Topocomm):
+    """A communicator with a distributed graph topology (``Create_dist_graph_adjacent``,
+    ``Create_dist_graph``): each rank knows its own sources and destinations."""
+
+    def __init__(self, base: _comm.Communicator, sources: list[int], dests: list[int],
+                 weights: tuple[list[int], list[int]] | None):
+        super().__init__(base)
+        self._sources, self._dests, self._weights = sources, dests, weights
+
+    def Get_topology(self) -> int:  # noqa: N802
+        return DIST_GRAPH
+
+    def Get_dist_neighbors_count(self) -> tuple[int, int, bool]:  # noqa: N802
+        return len(self._sources), len(self._dests), self._weights is not None
+
+    def Get_dist_neighbors(self) -> tuple[list[int], list[int],  # noqa: N802
+                                          tuple[list[int], list[int]] | None]:
+        w = self._weights
+        return (list(self._sources), list(self._dests),
+                None if w is None else (list(w[0]), list(w[1])))
+
+    def _edges(self) -> tuple[list[int], list[int]]:
+        return self._sources, self._dests
+
+
+def _ranks_list(ranks: Any, size: int, where: str) -> list[int]:
+    out = [int(r) for r in ranks]
+    bad = [r for r in out if not 0 <= r < size]
+    if bad:
+        raise ValueError(f"{where}: ranks {bad} out of range for a communicator of {size}")
+    return out
+
+
+def _weights(weights: Any, n: int, where: str) -> list[int] | None:
+    if weights is None or weights is UNWEIGHTED:
+        return None
+    w = [int(x) for x in weights]
+    if len(w) != n:
+        raise ValueError(f"{where}: {len(w)} weights for {n} edges")
+    return w
+
+
+class Cartcomm(Topocomm):
     """A communicator with a Cartesian topology (``Create_cart``)."""
 
     @property
@@ -1981,6 +2252,20 @@ class Cartcomm(Intracomm):
     def Shift(self, direction: int, disp: int = 1) -> tuple[int, int]:  # noqa: N802
         """``(source, dest)`` of a shift; ``PROC_NULL`` past a non-periodic edge."""
         return self._cart.shift(direction, disp)
+
+    def _edges(self) -> tuple[list[int], list[int]]:
+        # per dimension, the neighbor below then the one above (MPI's order), both ways
+        near = [r for d in range(len(self._cart.dims)) for r in self.Shift(d, 1)]
+        return near, near
+
+    @staticmethod
+    def _edge_keys(sources: list[int], dests: list[int]) -> tuple[list[Any], list[Any]]:
+        # by direction: what a rank sends upward arrives in the block of its upper neighbor
+        # that comes from below, even where both neighbors are one rank (a periodic
+        # dimension of one or two)
+        n = len(dests) // 2
+        return ([(d, way) for d in range(n) for way in "-+"],
+                [(d, way) for d in range(n) for way in "+-"])
 
     def Sub(self, remain_dims: Sequence[bool]) -> Cartcomm:  # noqa: N802
         remain = list(remain_dims)
@@ -2916,8 +3201,6 @@ def Query_thread() -> int:  # noqa: N802
 
 _UNSUPPORTED = {
     "Intercomm": "intercommunicators (MPI.Intercomm)",
-    "Graphcomm": "graph topologies (MPI.Graphcomm)",
-    "Distgraphcomm": "graph topologies (MPI.Distgraphcomm)",
     "Info": "MPI.Info",
     "Grequest": "generalized requests (MPI.Grequest)",
     "Open_port": "dynamic processes (MPI.Open_port)",

@@ -105,6 +105,15 @@ def test_mpi4pys_one_sided_tutorial_runs_unmodified(gang, program):
     assert _run(gang, program) == []
 
 
+def test_topologies_give_what_mpich_gives(gang, tmp_path):
+    """Graphs, distributed graphs (repeated and self edges, weights) and their neighbor
+    collectives: each rank's results beside MPICH's (topo_mpich_n3/)."""
+    assert _run(gang, "topo.py", str(tmp_path)) == []
+    for r in range(3):
+        want = (PROGRAMS / "topo_mpich_n3" / f"rank{r}.txt").read_text().splitlines()
+        assert (tmp_path / f"rank{r}.txt").read_text().splitlines() == want
+
+
 def test_mpi_io_calls_give_what_mpich_gives(gang, tmp_path):
     """Opening modes and their errors, explicit offsets, the file pointer, vector and
     subarray views, sizes and the other forms: each rank's results (what it read back
@@ -156,7 +165,7 @@ def test_the_programs_on_one_and_five_ranks(gang, size, tmp_path):
         out = tmp_path / "y.npy"
         assert _run(g, "matvec.py", "3", str(out)) == ["[0] saved"]
         np.testing.assert_allclose(np.load(out), matvec_reference(3, size), rtol=1e-12)
-        for program in ("rma", "io"):
+        for program in ("rma", "io", "topo") if size > 1 else ("rma", "io"):
             d = tmp_path / program
             d.mkdir()
             assert _run(g, f"{program}.py", str(d)) == []

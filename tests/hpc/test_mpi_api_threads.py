@@ -417,3 +417,47 @@ def test_a_matched_probe_takes_the_message_out_of_matching():
         return first, second, buf.tolist(), none, nothing
 
     assert run_ranks(2, fn)[1] == ((1, {"a": 1}), "later", [0.0, 1.0, 2.0], None, None)
+
+
+def test_cancel_takes_a_posted_receive_out_of_matching_and_keeps_its_message():
+    """A cancelled receive completes at once with a cancelled status; the message it would
+    have matched goes to the next receive (as under MPICH); a completed receive, a send and
+    a persistent receive's active round follow MPI's rules."""
+    def cancelled(req):
+        req.Cancel()
+        st = MPI.Status()
+        req.Wait(st)
+        return st.Is_cancelled()
+
+    def fn(c):
+        r = c.rank
+        out = {}
+        if r == 0:
+            out["cancelled"] = cancelled(c.Irecv(np.zeros(1), source=1, tag=5))
+            c.Barrier()
+            got = np.zeros(1)
+            st = MPI.Status()
+            c.Recv(got, source=1, tag=5, status=st)
+            out["later"] = (got.tolist(), st.Is_cancelled())
+            done = c.irecv(source=1, tag=6)
+            value = done.wait()
+            out["completed"] = (value, cancelled(done))  # completed: nothing to cancel
+            pers = c.Recv_init(np.zeros(1), source=1, tag=7)
+            pers.Start()
+            out["persistent"] = cancelled(pers)
+            c.Barrier()
+            again = np.zeros(1)
+            c.Recv(again, source=1, tag=7)
+            out["persistent_message"] = again.tolist()
+        else:
+            c.Barrier()
+            c.Send(np.ones(1), dest=0, tag=5)
+            out["send"] = cancelled(c.isend("x", dest=0, tag=6))  # buffered: out already
+            c.Barrier()
+            c.Send(np.full(1, 7.0), dest=0, tag=7)
+        return out
+
+    zero, one = run_ranks(2, fn)
+    assert zero == {"cancelled": True, "later": ([1.0], False), "completed": ("x", False),
+                    "persistent": True, "persistent_message": [7.0]}
+    assert one == {"send": False}
