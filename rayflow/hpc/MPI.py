@@ -32,7 +32,7 @@ the module polls; a transport without it raises ``NotImplementedError`` for ``AN
 Collectives run on :class:`rayflow.hpc.comm.Communicator` and are matched in call order.
 
 Not supported, raising ``NotImplementedError`` naming the feature: dynamic windows
-(``Win.Create_dynamic``), MPI-IO's shared file pointer, intercommunicators and dynamic
+(``Win.Create_dynamic``), intercommunicators and dynamic
 processes (``Spawn``, ``Intercomm``), derived datatypes in communication (``Alltoallw``), and
 buffer ``MAXLOC``/``MINLOC`` (the lowercase
 methods support them on ``(value, index)`` pairs).
@@ -2825,6 +2825,7 @@ class File:
         self._comm, self._path, self._fd, self._amode = comm, path, fd, amode
         self._disp, self._etype, self._filetype = 0, _BY_NAME["BYTE"], _BY_NAME["BYTE"]
         self._pos = 0  # the individual file pointer, in etypes of the view
+        self._ptr: Win | None = None  # the shared one (see Open)
         self._atomic = False
         if amode & MODE_APPEND:
             self._pos = os.fstat(fd).st_size
@@ -2871,7 +2872,15 @@ class File:
             if fd >= 0:
                 os.close(fd)
             raise failed
-        return cls(comm.Dup(), path, fd, amode)
+        f = cls(comm.Dup(), path, fd, amode)
+        # the shared file pointer: a counter in a window at rank 0, in an epoch that stays
+        # open while the file does (one request per move of it)
+        f._ptr = Win.Allocate(8 if f._comm.Get_rank() == 0 else 0, disp_unit=8, comm=f._comm)
+        if f._comm.Get_rank() == 0:
+            np.frombuffer(f._ptr.tomemory(), np.int64)[0] = f._pos  # (the end with MODE_APPEND)
+        f._ptr.Lock_all()
+        f._comm.Barrier()  # (every rank sees the counter set)
+        return f
 
     @classmethod
     def Delete(cls, filename: Any, info: Any = None) -> None:  # noqa: N802
@@ -2896,7 +2905,12 @@ class File:
     def Close(self) -> None:  # noqa: N802
         """Close it on every rank (collective); ``MODE_DELETE_ON_CLOSE`` deletes it then."""
         fd = self._f
-        self._comm.Barrier()  # every rank's writes are in
+        if self._ptr is not None:
+            self._ptr.Unlock_all()
+            self._ptr.Free()  # (a barrier: every rank's writes are in)
+            self._ptr = None
+        else:
+            self._comm.Barrier()  # every rank's writes are in
         os.close(fd)
         self._fd = -1
         if self._amode & MODE_DELETE_ON_CLOSE and self._comm.Get_rank() == 0:
@@ -2964,6 +2978,7 @@ class File:
             raise Exception(f"File.Set_view: displacement {disp} must be >= 0 and the "
                             f"filetype ({filetype!r}) whole etypes ({etype!r})", ERR_ARG)
         self._disp, self._etype, self._filetype, self._pos = int(disp), etype, filetype, 0
+        self._set_shared(lambda now: 0)  # (collective, as Set_view is)
 
     def Get_view(self) -> tuple[int, Datatype, Datatype]:  # noqa: N802
         return self._disp, self._etype, self._filetype
@@ -3074,12 +3089,8 @@ class File:
             pos = int(offset)
         elif whence == SEEK_CUR:
             pos = self._pos + int(offset)
-        elif whence == SEEK_END:  # (the view's etypes up to the file's end)
-            end = self.Get_size() - self._disp
-            ft = self._filetype
-            tiles, rest = divmod(max(end, 0), ft._extent or 1)
-            seen = sum(max(0, min(n, rest - off)) for off, n in ft._layout())
-            pos = (tiles * ft.Get_size() + seen) // self._etype.Get_size() + int(offset)
+        elif whence == SEEK_END:
+            pos = self._end_etypes() + int(offset)
         else:
             raise ValueError(f"File.Seek: whence must be MPI.SEEK_SET, SEEK_CUR or SEEK_END, "
                              f"got {whence!r}")
@@ -3090,14 +3101,91 @@ class File:
     def Get_position(self) -> int:  # noqa: N802
         return self._pos
 
-    def _shared(self, *args: Any, **kwargs: Any) -> Any:
-        raise NotImplementedError("the shared file pointer (File.Read_shared, Write_shared, "
-                                  "Read_ordered, Write_ordered, Seek_shared) is not supported "
-                                  "by rayflow's MPI")
+    def _end_etypes(self) -> int:
+        """The etypes of the view up to the file's end."""
+        end = self.Get_size() - self._disp
+        ft = self._filetype
+        tiles, rest = divmod(max(end, 0), ft._extent or 1)
+        seen = sum(max(0, min(n, rest - off)) for off, n in ft._layout())
+        return (tiles * ft.Get_size() + seen) // self._etype.Get_size()
 
-    Read_shared = Write_shared = Read_ordered = Write_ordered = Seek_shared = _shared
-    Get_position_shared = Iread_shared = Iwrite_shared = _shared
-    Read_ordered_begin = Read_ordered_end = Write_ordered_begin = Write_ordered_end = _shared
+    # ------------------------------------------------------------ the shared file pointer
+    def _take(self, n: int) -> int:
+        """Move the shared file pointer ``n`` etypes on; where it was (atomically)."""
+        ptr, old = self._ptr, np.zeros(1, np.int64)
+        assert ptr is not None  # (an open file has one)
+        ptr.Fetch_and_op(np.array([n], np.int64), old, 0, 0, op=SUM)
+        return int(old[0])
+
+    def _set_shared(self, to: Callable[[int], int]) -> None:
+        """Collective: rank 0 sets the shared file pointer to ``to(where it is)``."""
+        self._f  # noqa: B018
+        self._comm.Barrier()
+        if self._comm.Get_rank() == 0:
+            new = to(self.Get_position_shared())
+            if new < 0:
+                raise Exception(f"File.Seek_shared: position {new} is before the view's "
+                                f"start", ERR_ARG)
+            assert self._ptr is not None
+            self._ptr.Put(np.array([new], np.int64), 0)
+        self._comm.Barrier()
+
+    def _etypes(self, buf: Any, where: str) -> int:
+        return self._items(buf, where, False).nbytes // self._etype.Get_size()
+
+    def Write_shared(self, buf: Any, status: Status | None = None) -> None:  # noqa: N802
+        """Write at the shared file pointer, which moves past it (ranks in any order)."""
+        self._write(self._take(self._etypes(buf, "Write_shared")), buf, "Write_shared")
+
+    def Read_shared(self, buf: Any, status: Status | None = None) -> None:  # noqa: N802
+        self._read(self._take(self._etypes(buf, "Read_shared")), buf, "Read_shared", status)
+
+    def _ordered(self, buf: Any, where: str) -> int:
+        """Collective: where this rank's part starts, the parts in rank order from the
+        shared file pointer on (which moves past them all)."""
+        n = self._etypes(buf, where)
+        c = self._comm._c
+        sizes = c.allgather(n)
+        base = c.bcast(self._take(sum(sizes)) if c.rank == 0 else None, 0)
+        return base + sum(sizes[:c.rank])
+
+    def Write_ordered(self, buf: Any, status: Status | None = None) -> None:  # noqa: N802
+        """Collective: the ranks' buffers one after the other, in rank order, at the shared
+        file pointer."""
+        self._write(self._ordered(buf, "Write_ordered"), buf, "Write_ordered")
+
+    def Read_ordered(self, buf: Any, status: Status | None = None) -> None:  # noqa: N802
+        self._read(self._ordered(buf, "Read_ordered"), buf, "Read_ordered", status)
+
+    def Seek_shared(self, offset: int, whence: int = SEEK_SET) -> None:  # noqa: N802
+        """Collective: move the shared file pointer (etypes of the view)."""
+        if whence == SEEK_SET:
+            self._set_shared(lambda now: int(offset))
+        elif whence == SEEK_CUR:
+            self._set_shared(lambda now: now + int(offset))
+        elif whence == SEEK_END:
+            self._set_shared(lambda now: self._end_etypes() + int(offset))
+        else:
+            raise ValueError(f"File.Seek_shared: whence must be MPI.SEEK_SET, SEEK_CUR or "
+                             f"SEEK_END, got {whence!r}")
+
+    def Get_position_shared(self) -> int:  # noqa: N802
+        ptr, now = self._ptr, np.zeros(1, np.int64)
+        assert ptr is not None
+        ptr.Get_accumulate(np.zeros(1, np.int64), now, 0, op=NO_OP)
+        return int(now[0])
+
+    def Iwrite_shared(self, buf: Any) -> Request:  # noqa: N802
+        return self._done(self.Write_shared, buf)
+
+    def Iread_shared(self, buf: Any) -> Request:  # noqa: N802
+        return self._done(self.Read_shared, buf)
+
+    def Write_ordered_begin(self, buf: Any) -> None:  # noqa: N802
+        self.Write_ordered(buf)
+
+    def Read_ordered_begin(self, buf: Any) -> None:  # noqa: N802
+        self.Read_ordered(buf)
 
     # split collectives: the transfer at the begin, nothing left for the end
     def Write_at_all_begin(self, offset: int, buf: Any) -> None:  # noqa: N802
@@ -3116,6 +3204,7 @@ class File:
         self._f  # noqa: B018
 
     Write_at_all_end = Read_at_all_end = Write_all_end = Read_all_end = _end
+    Write_ordered_end = Read_ordered_end = _end
 
     def Get_type_extent(self, datatype: Datatype) -> int:  # noqa: N802
         return datatype.extent

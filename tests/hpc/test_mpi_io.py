@@ -93,7 +93,7 @@ def test_file_errors_name_the_call_and_carry_mpis_class(tmp_path):
     fh.Set_view(0, MPI.INT)
     assert err(lambda: fh.Write_at(0, np.zeros(3, "u1"))) == MPI.ERR_ARG  # not whole ints
     assert err(lambda: fh.Seek(-1)) == MPI.ERR_ARG
-    assert err(lambda: fh.Write_shared(np.zeros(1, "i4"))) == "NotImplementedError"
+    assert err(lambda: fh.Seek_shared(-1)) == MPI.ERR_ARG
     assert err(lambda: fh.Set_view(0, MPI.INT, datarep="external32")) == "NotImplementedError"
     fh.Close()
     assert err(lambda: fh.Write_at(0, np.zeros(1, "u1"))) == MPI.ERR_FILE  # closed
@@ -127,3 +127,39 @@ def test_append_mode_starts_at_the_end_and_delete_on_close_removes(tmp_path):
     assert got.tobytes() == b"Xbcde"
     fh.Close()
     assert not p.exists()
+
+
+def test_the_shared_file_pointer_hands_out_each_place_once_and_orders_by_rank(tmp_path):
+    """Write_shared from every rank, 20 times each: every record lands whole, none over
+    another; Write_ordered puts the ranks' blocks in rank order after them; the pointer
+    then stands at the end, and Seek_shared moves it for everyone."""
+    path = str(tmp_path / "log.bin")
+
+    def fn(c):
+        r = c.rank
+        fh = MPI.File.Open(c, path, MPI.MODE_RDWR | MPI.MODE_CREATE)
+        fh.Set_view(0, MPI.INT)
+        for i in range(20):
+            fh.Write_shared(np.array([r, i], dtype="i4"))
+        c.Barrier()
+        fh.Write_ordered(np.full(r + 1, 100 + r, dtype="i4"))
+        end = fh.Get_position_shared()
+        fh.Seek_shared(2, MPI.SEEK_SET)
+        first = np.zeros(2, dtype="i4")
+        c.Barrier()
+        if r == 0:
+            fh.Read_shared(first)
+        c.Barrier()
+        after = fh.Get_position_shared()
+        fh.Close()
+        return end, first.tolist(), after
+
+    out = run_ranks(3, fn)
+    data = np.fromfile(path, dtype="i4")
+    pairs = data[:2 * 60].reshape(60, 2).tolist()
+    assert sorted(map(tuple, pairs)) == sorted((r, i) for r in range(3) for i in range(20))
+    for r in range(3):  # each rank's records in the order it wrote them
+        assert [i for q, i in pairs if q == r] == list(range(20))
+    assert data[120:].tolist() == [100, 101, 101, 102, 102, 102]
+    assert [end for end, _, _ in out] == [126] * 3
+    assert out[0][1] == pairs[1] and [after for _, _, after in out] == [4] * 3

@@ -1,6 +1,6 @@
 """mpi4py's MPI-IO calls: opening modes and their errors, explicit offsets, the individual
 file pointer, views through vector and subarray filetypes, sizes, non-blocking and split
-collective forms. Each rank's results go to DIR/rank<r>.txt, the files it writes under DIR:
+collective forms, the shared file pointer. Each rank's results go to DIR/rank<r>.txt, the files it writes under DIR:
 `mpiexec -n N python io.py DIR` (MPICH 5.0, mpi4py 4.1) wrote the results in io_mpich_n<N>/
 for 1, 3 and 5 ranks, which the tests compare with this program's under rayflow.
 
@@ -94,6 +94,27 @@ show("subarray_file", both.tolist())
 show("view", (fh.Get_view()[0], fh.Get_view()[1].Get_size()))
 fh.Set_size(8)
 show("set_size", fh.Get_size())
+fh.Close()
+
+# the shared file pointer: records from every rank (in any order), then blocks in rank order
+fh = MPI.File.Open(c, f"{d}/d.bin", MPI.MODE_RDWR | MPI.MODE_CREATE)
+fh.Set_view(0, MPI.INT)
+for i in range(3):
+    fh.Write_shared(np.array([r, i], dtype="i4"))
+c.Barrier()
+fh.Write_ordered(np.full(r + 1, 100 + r, dtype="i4"))
+# (where the pointer stands now, MPICH's ROMIO answers 24 on some ranks and 0 on others)
+fh.Seek_shared(0)
+recs = np.zeros(2 * 3, dtype="i4")
+fh.Read_ordered(recs)
+c.Barrier()
+whole = np.zeros(6 * p + p * (p + 1) // 2, dtype="i4")
+fh.Read_at_all(0, whole)
+pairs = whole[:6 * p].reshape(-1, 2).tolist()
+show("shared_records", (sorted(map(tuple, pairs)), whole[6 * p:].tolist(),
+                        [i for q, i in pairs if q == r]))
+fh.Seek_shared(-1, MPI.SEEK_END)
+show("seek_shared_end", fh.Get_position_shared())
 fh.Close()
 
 # delete on close, and Delete
