@@ -18,7 +18,6 @@ sockets.
 from __future__ import annotations
 
 import pickle
-import socket
 import threading
 from collections import Counter, deque
 from collections.abc import Callable
@@ -229,10 +228,10 @@ class WindowServer:
         self._ops = ops
         self._sock: Any = zmq.Context.instance().socket(zmq.ROUTER)
         self._sock.setsockopt(zmq.LINGER, 0)
-        port: int = self._sock.bind_to_random_port("tcp://*")
-        # peers on other machines reach it at this machine's address, those on this one at
-        # the loopback (see Client)
-        self.address = (socket.gethostname(), _local_ip(), port)
+        # bound to this machine's address, as the ranks' channels are (not every interface)
+        ip = _local_ip()
+        port: int = self._sock.bind_to_random_port(f"tcp://{ip}")
+        self.address = f"tcp://{ip}:{port}"
         self._windows: dict[tuple, _Target] = {}
         self._lock = threading.Lock()  # guards _windows (registered from other threads)
         self._thread = threading.Thread(target=self._serve, name="rayflow-mpi-rma",
@@ -346,12 +345,9 @@ class Client:
 
     _local = threading.local()
 
-    def __init__(self, addresses: list[tuple], timeout_s: float | None = None):
-        self.addresses = addresses
+    def __init__(self, addresses: list[str], timeout_s: float | None = None):
+        self._urls = addresses  # each rank's server's address (WindowServer.address)
         self.timeout_s = REPLY_TIMEOUT_S if timeout_s is None else timeout_s
-        here = socket.gethostname()
-        self._urls = [f"tcp://{'127.0.0.1' if host == here else ip}:{port}"
-                      for host, ip, port in addresses]
 
     def _socket(self, url: str) -> Any:
         import zmq
