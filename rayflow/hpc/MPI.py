@@ -2570,6 +2570,10 @@ class Win:
                 if not isinstance(target[2], Datatype):
                     raise TypeError(f"Win.{where}: the target's datatype must be an MPI "
                                     f"datatype, got {target[2]!r}")
+                if not target[2].is_predefined:
+                    raise NotImplementedError(f"Win.{where}: derived target datatypes "
+                                              f"({target[2]!r}) are not supported by "
+                                              f"rayflow's MPI")
                 dtype = target[2]
         else:
             raise ValueError(f"Win.{where}: target must be a displacement or (disp, count, "
@@ -2577,13 +2581,13 @@ class Win:
         return disp, count, dtype
 
     def _transfer(self, kind: str, origin: Any, target_rank: int, target: Any,
-                  op: str | None = None, result: Any = None) -> np.ndarray | None:
+                  op: str | None = None, result: Any = None) -> None:
         where = {"put": "Put", "get": "Get", "acc": "Accumulate",
                  "get_acc": "Get_accumulate"}[kind]
         rank = self._target(target_rank, where)
         flat, dtype = _buffer(origin, where, writable=kind == "get")
         if rank == PROC_NULL:
-            return None
+            return
         disp, count, tdtype = self._where_to(target, flat.size, dtype, where)
         if tdtype.dtype != dtype.dtype:
             raise Exception(f"Win.{where}: the origin's {dtype} and the target's {tdtype} "
@@ -2594,7 +2598,7 @@ class Win:
                                 f"origin's {flat.size}", ERR_TRUNCATE)
             got = self._call(rank, ("data", ("get", disp, dtype.dtype, count)))
             flat[:count] = got
-            return None
+            return
         if kind == "get_acc":
             rflat, rtype = _buffer(result, where, writable=True)
             if rtype.dtype != dtype.dtype or rflat.size < count or flat.size < count:
@@ -2602,14 +2606,13 @@ class Win:
                                 f"{count} items of {dtype}", ERR_TYPE)
             rflat[:count] = self._call(rank, ("data", ("get_acc", disp, dtype.dtype, count,
                                                        flat[:count].copy(), op)))
-            return None
+            return
         if flat.size > count:
             raise Exception(f"Win.{where}: {flat.size} items of the origin do not fit the "
                             f"target's {count}", ERR_TRUNCATE)
         request = ("put", disp, dtype.dtype, flat.size, flat.copy()) if kind == "put" else \
             ("acc", disp, dtype.dtype, flat.size, flat.copy(), op)
         self._call(rank, ("data", request))
-        return None
 
     def Put(self, origin: Any, target_rank: int, target: Any = None) -> None:  # noqa: N802
         self._transfer("put", origin, target_rank, target)

@@ -270,6 +270,12 @@ def test_errors_name_the_call_and_carry_mpis_error_class():
         got["rank"] = err(lambda: win.Put(np.ones(1), 5))
         got["target"] = err(lambda: win.Put(np.ones(1), 0, target="0"))
         got["lock_type"] = err(lambda: win.Lock(0, 7))
+        vec = MPI.DOUBLE.Create_vector(2, 1, 2).Commit()
+        try:
+            win.Put(np.ones(2), 0, target=(0, 1, vec))
+            got["derived"] = None
+        except NotImplementedError as exc:
+            got["derived"] = str(exc)
         got["complete"] = err(win.Complete)
         got["shared_query"] = err(lambda: win.Shared_query(0))
         win.Fence()
@@ -291,6 +297,7 @@ def test_errors_name_the_call_and_carry_mpis_error_class():
     assert got["rank"][0] == "ValueError" and "out of range" in got["rank"][1]
     assert got["target"][0] == "ValueError"
     assert got["lock_type"][0] == "ValueError"
+    assert "derived target datatypes" in got["derived"]
     assert got["complete"][0] == MPI.ERR_RMA_SYNC
     assert got["shared_query"][0] == MPI.ERR_RMA_FLAVOR
     assert got["freed"][0] == MPI.ERR_WIN
