@@ -2363,7 +2363,7 @@ class Win:
     flushes have nothing left to wait for, and a target makes progress without calling MPI.
     """
 
-    __slots__ = ()  # (an instance is also a ctypes array over the window's bytes: see _win)
+    __slots__ = ()  # (an instance is also a ctypes array of the window's bytes: _win_class)
 
     @classmethod
     def Create(cls, memory: Any, disp_unit: int = 1, info: Any = None,  # noqa: N802
@@ -2373,9 +2373,7 @@ class Win:
         default)."""
         if memory is None:
             backing: Any = bytearray()
-        elif isinstance(memory, (list, tuple)):
-            backing = _buffer(memory, "Win.Create", writable=True)[0]
-        elif isinstance(memory, np.ndarray):
+        elif isinstance(memory, (list, tuple, np.ndarray)):  # an array or [array, type]
             backing = _buffer(memory, "Win.Create", writable=True)[0]
         elif isinstance(memory, bytearray):
             backing = memory
