@@ -2358,9 +2358,10 @@ class Win:
     (``np.frombuffer(win, dtype)`` views it; with ``Allocate_shared`` the ranks of one
     machine map one segment, and ``Shared_query(rank)`` gives another rank's part for loads
     and stores). Synchronization: ``Fence``; ``Post``/``Start``/``Complete``/``Wait``;
-    ``Lock``/``Unlock``, ``Lock_all``/``Unlock_all`` and ``Flush``. Every operation has
-    completed at its target when the call returns (see :mod:`rayflow.hpc.rma`), so the
-    flushes have nothing left to wait for, and a target makes progress without calling MPI.
+    ``Lock``/``Unlock``, ``Lock_all``/``Unlock_all`` and ``Flush``. A get returns with its
+    data; puts and accumulates go out without waiting and are done at their target by the
+    next flush, unlock, fence or complete (see :mod:`rayflow.hpc.rma`), and a target makes
+    progress without calling MPI.
     """
 
     __slots__ = ()  # (an instance is also a ctypes array of the window's bytes: _win_class)
@@ -2469,6 +2470,7 @@ class Win:
     def Free(self) -> None:  # noqa: N802
         """Release the window once every rank has called Free (collective)."""
         st = self._st
+        self._flush()
         st.comm.Barrier()  # no rank accesses it any more
         _rma.server(_rma_ufunc).unregister((st.wid, st.comm._c.rank))
         if st.keep is not None and st.keep[0] is not None:
@@ -2540,11 +2542,21 @@ class Win:
                             f"(call Win.Fence, Win.Start or Win.Lock first)", ERR_RMA_SYNC)
         return rank
 
-    def _call(self, rank: int, request: tuple) -> Any:
+    def _call(self, rank: int, request: tuple, wait: bool = True) -> Any:
+        """``request`` to ``rank``'s server: its reply, or (``wait=False``: a put or an
+        accumulate) sent on, its reply read at the next flush or synchronization."""
         st = self._st
+        full = (request[0], (st.wid, rank), st.comm._c.rank, *request[1:])
         try:
-            return st.client.call(rank, (request[0], (st.wid, rank), st.comm._c.rank,
-                                         *request[1:]))
+            return st.client.call(rank, full) if wait else st.client.post(rank, full)
+        except _rma.RMAError as exc:
+            raise Exception(str(exc), exc.error_class) from None
+
+    def _flush(self, rank: int | None = None) -> None:
+        """Wait until this rank's puts and accumulates to ``rank`` (None: every rank) are
+        done at their targets."""
+        try:
+            self._st.client.flush(rank)
         except _rma.RMAError as exc:
             raise Exception(str(exc), exc.error_class) from None
 
@@ -2608,9 +2620,15 @@ class Win:
         if flat.size > count:
             raise Exception(f"Win.{where}: {flat.size} items of the origin do not fit the "
                             f"target's {count}", ERR_TRUNCATE)
+        st = self._st
+        try:  # here, not at the flush that reads the target's answer
+            _rma.check_range(st.sizes[rank], st.units[rank], disp, dtype.dtype, flat.size,
+                             kind)
+        except _rma.RMAError as exc:
+            raise Exception(str(exc), exc.error_class) from None
         request = ("put", disp, dtype.dtype, flat.size, flat.copy()) if kind == "put" else \
             ("acc", disp, dtype.dtype, flat.size, flat.copy(), op)
-        self._call(rank, ("data", request))
+        self._call(rank, ("data", request), wait=False)
 
     def Put(self, origin: Any, target_rank: int, target: Any = None) -> None:  # noqa: N802
         self._transfer("put", origin, target_rank, target)
@@ -2684,6 +2702,7 @@ class Win:
         """End the epoch of the last fence and open the next (``MPI.MODE_NOSUCCEED``: none).
         Collective."""
         st = self._st
+        self._flush()
         st.comm.Barrier()
         st.fence = not assertion & MODE_NOSUCCEED
 
@@ -2766,12 +2785,16 @@ class Win:
         st.lock_all = False
 
     def Flush(self, rank: int) -> None:  # noqa: N802
-        """Nothing to wait for: every operation completed at its target when it returned."""
-        self._st  # noqa: B018
+        """Wait until this rank's puts and accumulates to ``rank`` are done there."""
+        r = self._st.comm._check_peer(rank, "Win.Flush target")
+        if r != PROC_NULL:
+            self._flush(r)
 
     def Flush_all(self) -> None:  # noqa: N802
-        self._st  # noqa: B018
+        self._flush()
 
+    # (the origin's buffer is free once a put returns: it was copied; local completion is
+    # completion at the target here)
     Flush_local = Flush
     Flush_local_all = Flush_all
     Sync = Flush_all
@@ -3129,6 +3152,7 @@ class File:
                                 f"start", ERR_ARG)
             assert self._ptr is not None
             self._ptr.Put(np.array([new], np.int64), 0)
+            self._ptr.Flush(0)  # (done before the others look)
         self._comm.Barrier()
 
     def _etypes(self, buf: Any, where: str) -> int:

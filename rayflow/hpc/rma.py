@@ -4,10 +4,11 @@ holds a process's windows, and the calls an origin makes to it. No Ray is import
 A process that creates a window starts one server thread (a ZeroMQ ROUTER socket), which
 serves every window of that process: it applies the puts, gets and accumulates of origins
 in the order they arrive, grants locks, and keeps the counts of MPI's post-start-complete-
-wait epochs. An origin makes one request per operation and waits for its reply (a REQ
-socket per target server and thread), so an operation is complete at its target when the
-call returns, and a target needs to make no MPI call for it to progress: it may compute,
-wait in a collective, or have finished its program (MPI's passive target). One server
+wait epochs. An origin sends one request per operation (a socket per target server and
+thread); it waits for the reply of a get, a lock or an epoch's step, and reads those of its
+puts and accumulates at the next flush or synchronization, as MPI completes them there. A
+target needs to make no MPI call for any of it to progress: it may compute, wait in a
+collective, or have finished its program (MPI's passive target). One server
 applies one request at a time, so accumulates to the same place are atomic, as MPI has
 them, and an exclusive lock excludes every other origin's lock, the target's own included.
 
@@ -151,15 +152,23 @@ class Exposure:
         return not +self.open
 
 
-def _region(memory: np.ndarray, disp_unit: int, disp: int, dtype: np.dtype, count: int,
-            where: str) -> np.ndarray:
-    """The ``count`` items of ``dtype`` at displacement ``disp`` (in ``disp_unit`` bytes) of
-    a window's ``memory`` (bytes), as a view."""
+def check_range(size: int, disp_unit: int, disp: int, dtype: np.dtype, count: int,
+                where: str) -> tuple[int, int]:
+    """The bytes ``(start, end)`` of ``count`` items of ``dtype`` at displacement ``disp``
+    (in ``disp_unit`` bytes) of a window of ``size`` bytes; a range error past it."""
     start = int(disp) * disp_unit
     end = start + count * dtype.itemsize
-    if disp < 0 or end > memory.size:
+    if disp < 0 or end > size:
         raise RMAError(f"{where}: {count} items of {dtype} at displacement {disp} (byte "
-                       f"{start}) end past the window's {memory.size} bytes", ERR_RMA_RANGE)
+                       f"{start}) end past the window's {size} bytes", ERR_RMA_RANGE)
+    return start, end
+
+
+def _region(memory: np.ndarray, disp_unit: int, disp: int, dtype: np.dtype, count: int,
+            where: str) -> np.ndarray:
+    """The ``count`` items of ``dtype`` at displacement ``disp`` of a window's ``memory``
+    (bytes), as a view."""
+    start, end = check_range(memory.size, disp_unit, disp, dtype, count, where)
     return memory[start:end].view(dtype)
 
 
@@ -339,9 +348,26 @@ def forget_windows() -> None:
 
 
 # ------------------------------------------------------------------------------ the origin
+class _Link:
+    """One origin thread's socket to one server (a DEALER: requests go out one after the
+    other, replies come back in their order), and how many replies of requests sent
+    without waiting (:meth:`Client.post`) it has yet to read."""
+
+    def __init__(self, url: str):
+        import zmq
+
+        self.sock: Any = zmq.Context.instance().socket(zmq.DEALER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.connect(url)
+        self.pending = 0
+
+
 class Client:
-    """An origin's calls to the servers of a window's ranks (one REQ socket per server and
-    thread: a rank's program thread and, in tests, ranks that are threads)."""
+    """An origin's requests to the servers of a window's ranks, one link per server and
+    thread (a rank's program thread and, in tests, ranks that are threads). ``call`` waits
+    for its reply; ``post`` does not (a put or an accumulate, which MPI completes at the
+    next flush or synchronization): ``flush`` reads the replies still owed, and ``call``
+    reads them first, in order, so a rank's operations on a target stay in their order."""
 
     _local = threading.local()
 
@@ -349,33 +375,57 @@ class Client:
         self._urls = addresses  # each rank's server's address (WindowServer.address)
         self.timeout_s = REPLY_TIMEOUT_S if timeout_s is None else timeout_s
 
-    def _socket(self, url: str) -> Any:
-        import zmq
+    def _link(self, rank: int) -> _Link:
+        links = getattr(self._local, "links", None)
+        if links is None:
+            links = self._local.links = {}
+        url = self._urls[rank]
+        link = links.get(url)
+        if link is None:
+            link = links[url] = _Link(url)
+        return link
 
-        socks = getattr(self._local, "socks", None)
-        if socks is None:
-            socks = self._local.socks = {}
-        s = socks.get(url)
-        if s is None:
-            s = zmq.Context.instance().socket(zmq.REQ)
-            s.setsockopt(zmq.LINGER, 0)
-            s.connect(url)
-            socks[url] = s
-        return s
+    def _read(self, link: _Link, rank: int, what: str) -> tuple:
+        if not link.sock.poll(int(self.timeout_s * 1000)):
+            # a socket that owes a reply cannot be reused: the next one starts afresh
+            self._local.links.pop(self._urls[rank]).sock.close(linger=0)
+            raise TimeoutError(f"no reply from rank {rank}'s window server within "
+                               f"{self.timeout_s:.0f}s ({what}): it died, or a lock or post "
+                               f"it waits for never came")
+        return pickle.loads(link.sock.recv_multipart()[-1])
+
+    def _drain(self, link: _Link, rank: int) -> None:
+        """Read the replies owed on ``link``; the first refusal among them is raised."""
+        first = None
+        while link.pending:
+            reply = self._read(link, rank, "an earlier put or accumulate")
+            link.pending -= 1
+            if reply[0] == "error" and first is None:
+                first = RMAError(reply[1], reply[2])
+        if first is not None:
+            raise first
+
+    def post(self, rank: int, request: tuple) -> None:
+        """Send ``request`` to ``rank``'s server without waiting for its reply."""
+        link = self._link(rank)
+        link.sock.send_multipart([b"", pickle.dumps(request, protocol=5)])
+        link.pending += 1
+
+    def flush(self, rank: int | None = None) -> None:
+        """Wait until every request posted to ``rank`` (None: to any rank) is done."""
+        for r in range(len(self._urls)) if rank is None else (rank,):
+            links = getattr(self._local, "links", None) or {}
+            link = links.get(self._urls[r])
+            if link is not None and link.pending:
+                self._drain(link, r)
 
     def call(self, rank: int, request: tuple) -> Any:
         """Send ``request`` to ``rank``'s server and return its reply (raises
         :class:`RMAError` for a refusal, ``TimeoutError`` when no reply comes)."""
-        url = self._urls[rank]
-        s = self._socket(url)
-        s.send(pickle.dumps(request, protocol=5))
-        if not s.poll(int(self.timeout_s * 1000)):
-            self._local.socks.pop(url).close(linger=0)  # a REQ socket without its reply is stuck
-            raise TimeoutError(f"no reply from rank {rank}'s window server within "
-                               f"{self.timeout_s:.0f}s ({request[0]}): it died, or a lock or "
-                               f"post it waits for never came")
-        reply = pickle.loads(s.recv())
+        link = self._link(rank)
+        self._drain(link, rank)
+        link.sock.send_multipart([b"", pickle.dumps(request, protocol=5)])
+        reply = self._read(link, rank, request[0])
         if reply[0] == "error":
             raise RMAError(reply[1], reply[2])
         return reply[1]
-

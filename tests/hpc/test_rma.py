@@ -322,3 +322,31 @@ def test_a_window_is_a_buffer_with_mpis_attributes():
     assert mem == [1.5, 2.5, 3.5]
     assert info == (True, 24, True, True, 24, 8, True, 2)
     assert not alive  # freed
+
+
+def test_puts_sent_without_waiting_are_done_in_order_and_their_refusals_come_at_the_flush():
+    """Puts and accumulates go out without waiting; a get (or any request that waits) on
+    the same target reads their replies first, so it sees them; a refusal among them is
+    raised at the flush that reads it, once."""
+    from rayflow.hpc import rma
+
+    srv = rma.server(MPI._rma_ufunc)
+    mem = np.zeros(64, np.uint8)
+    key = (("test-posted",), 0)
+    srv.register(key, mem, 8)
+    try:
+        client = rma.Client([srv.address], timeout_s=10)
+        f8 = np.dtype("f8")
+        for i in range(8):
+            client.post(0, ("data", key, 0, ("acc", i % 2, f8, 1, np.array([1.0]), "SUM")))
+        got = client.call(0, ("data", key, 0, ("get", 0, f8, 2)))
+        assert got.tolist() == [4.0, 4.0]
+        client.post(0, ("data", (("gone",), 0), 0, ("put", 0, f8, 1, np.ones(1))))
+        client.post(0, ("data", key, 0, ("put", 2, f8, 1, np.array([9.0]))))
+        with pytest.raises(RMAError, match="no window") as e:
+            client.flush(0)
+        assert e.value.error_class == MPI.ERR_WIN
+        client.flush()  # (read once: nothing is owed now)
+        assert mem.view("f8")[2] == 9.0  # the put after the refused one was done
+    finally:
+        srv.unregister(key)
