@@ -99,7 +99,7 @@ class _Program:
 # ------------------------------------------------------------------ in the rank
 def _shim() -> dict[str, types.ModuleType]:
     """The modules a rank's ``import mpi4py...`` finds: ``mpi4py``, ``mpi4py.MPI`` (rayflow's
-    MPI), and ``mpi4py.util.dtlib`` (numpy dtypes of MPI datatypes)."""
+    MPI), ``mpi4py.util.dtlib`` (numpy dtypes of MPI datatypes) and ``mpi4py.util.pkl5``."""
     from rayflow.hpc import MPI
 
     mod = types.ModuleType("mpi4py", "rayflow's stand-in for mpi4py inside an MPI rank")
@@ -113,9 +113,15 @@ def _shim() -> dict[str, types.ModuleType]:
     dtlib = types.ModuleType("mpi4py.util.dtlib", "numpy dtypes of MPI datatypes")
     dtlib.to_numpy_dtype = lambda datatype: datatype.dtype  # type: ignore[attr-defined]
     dtlib.from_numpy_dtype = lambda dtype: MPI._datatype_of(np.dtype(dtype))  # type: ignore[attr-defined]
-    mod.util, util.dtlib = util, dtlib  # type: ignore[attr-defined]
+    # pkl5 lifts MPI's 2 GiB limit on a pickled message; rayflow's lowercase methods have
+    # none, so its communicator classes are the communicators themselves
+    pkl5 = types.ModuleType("mpi4py.util.pkl5", "pickled messages of any size")
+    for name in ("Comm", "Intracomm", "Intercomm"):
+        setattr(pkl5, name, type(name, (), {"__new__": lambda cls, comm: comm}))
+    pkl5.Request, pkl5.Message, pkl5.Status = MPI.Request, MPI.Message, MPI.Status  # type: ignore[attr-defined]
+    mod.util, util.dtlib, util.pkl5 = util, dtlib, pkl5  # type: ignore[attr-defined]
     return {"mpi4py": mod, "mpi4py.MPI": MPI, "mpi4py.util": util,
-            "mpi4py.util.dtlib": dtlib}
+            "mpi4py.util.dtlib": dtlib, "mpi4py.util.pkl5": pkl5}
 
 
 def _exit_code(exc: SystemExit, stderr: TextIO | _Forwarder) -> int:

@@ -97,6 +97,10 @@ def test_one_sided_calls_give_what_mpich_gives(gang, tmp_path):
         assert (tmp_path / f"rank{r}.txt").read_text().splitlines() == want
 
 
+def test_a_program_on_mpi4pys_pkl5_runs_unmodified(gang):
+    assert _run(gang, "big_pickles.py") == ["[0] pkl5 ok 3"]
+
+
 @pytest.mark.parametrize("program", ["rma_window.py", "rma_target.py"])
 def test_mpi4pys_one_sided_tutorial_runs_unmodified(gang, program):
     """The tutorial's two RMA programs (their asserts check what the gets read): rank 0
