@@ -2937,29 +2937,42 @@ class File:
             self._comm.Barrier()  # every rank's writes are in
         os.close(fd)
         self._fd = -1
-        if self._amode & MODE_DELETE_ON_CLOSE and self._comm.Get_rank() == 0:
-            os.unlink(self._path)
-        self._comm.Barrier()
+        if self._amode & MODE_DELETE_ON_CLOSE:
+            self._on_root(lambda: os.unlink(self._path), "Close")
 
     def Get_size(self) -> int:  # noqa: N802
         return os.fstat(self._f).st_size
 
     size = property(Get_size)
 
+    def _on_root(self, fn: Callable[[], Any], where: str) -> None:
+        """Collective: ``fn()`` at rank 0 once every rank is here; what it raised is raised
+        on every rank (so none waits for a rank that failed)."""
+        self._comm.Barrier()
+        outcome: builtins.Exception | None = None
+        if self._comm.Get_rank() == 0:
+            try:
+                fn()
+            except OSError as exc:
+                outcome = _file_error(exc, self._path, where)
+            except builtins.Exception as exc:  # noqa: BLE001 - raised on every rank below
+                outcome = exc
+        outcome = self._comm._c.bcast(outcome, 0)
+        if outcome is not None:
+            raise outcome
+
     def Set_size(self, size: int) -> None:  # noqa: N802
         """Truncate or extend it to ``size`` bytes (collective)."""
         fd = self._f
-        self._comm.Barrier()
-        if self._comm.Get_rank() == 0:
-            os.ftruncate(fd, int(size))
-        self._comm.Barrier()
+        self._on_root(lambda: os.ftruncate(fd, int(size)), "Set_size")
 
     def Preallocate(self, size: int) -> None:  # noqa: N802
         fd = self._f
-        self._comm.Barrier()
-        if self._comm.Get_rank() == 0 and os.fstat(fd).st_size < size:
-            os.ftruncate(fd, int(size))
-        self._comm.Barrier()
+
+        def grow() -> None:
+            if os.fstat(fd).st_size < size:
+                os.ftruncate(fd, int(size))
+        self._on_root(grow, "Preallocate")
 
     def Get_amode(self) -> int:  # noqa: N802
         return self._amode
@@ -3144,8 +3157,8 @@ class File:
     def _set_shared(self, to: Callable[[int], int]) -> None:
         """Collective: rank 0 sets the shared file pointer to ``to(where it is)``."""
         self._f  # noqa: B018
-        self._comm.Barrier()
-        if self._comm.Get_rank() == 0:
+
+        def move() -> None:
             new = to(self.Get_position_shared())
             if new < 0:
                 raise Exception(f"File.Seek_shared: position {new} is before the view's "
@@ -3153,7 +3166,7 @@ class File:
             assert self._ptr is not None
             self._ptr.Put(np.array([new], np.int64), 0)
             self._ptr.Flush(0)  # (done before the others look)
-        self._comm.Barrier()
+        self._on_root(move, "Seek_shared")
 
     def _etypes(self, buf: Any, where: str) -> int:
         return self._items(buf, where, False).nbytes // self._etype.Get_size()

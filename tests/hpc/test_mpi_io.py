@@ -163,3 +163,36 @@ def test_the_shared_file_pointer_hands_out_each_place_once_and_orders_by_rank(tm
     assert data[120:].tolist() == [100, 101, 101, 102, 102, 102]
     assert [end for end, _, _ in out] == [126] * 3
     assert out[0][1] == pairs[1] and [after for _, _, after in out] == [4] * 3
+
+
+def test_a_collective_call_that_fails_at_rank_0_fails_on_every_rank(tmp_path):
+    """Seek_shared before the start, Set_size of a file opened read-only, a
+    DELETE_ON_CLOSE file deleted meanwhile: rank 0 does the work, and every rank raises
+    its error (none waits for the others in vain)."""
+    path = tmp_path / "f.bin"
+    path.write_bytes(b"0123456789")
+
+    def fn(c):
+        def err(call):
+            try:
+                call()
+            except MPI.Exception as exc:
+                return exc.Get_error_class()
+            return None
+
+        fh = MPI.File.Open(c, path, MPI.MODE_RDONLY)
+        got = [err(lambda: fh.Seek_shared(-1)), err(lambda: fh.Set_size(4))]
+        fh.Close()
+        gone = tmp_path / "gone.bin"
+        fh = MPI.File.Open(c, gone, MPI.MODE_WRONLY | MPI.MODE_CREATE
+                           | MPI.MODE_DELETE_ON_CLOSE)
+        c.Barrier()
+        if c.rank == 0:
+            gone.unlink()
+        got.append(err(fh.Close))
+        return got
+
+    out = run_ranks(3, fn)
+    assert out[0][0] == MPI.ERR_ARG and out[0][2] == MPI.ERR_NO_SUCH_FILE
+    assert out[0][1] is not None and all(got == out[0] for got in out)
+    assert path.read_bytes() == b"0123456789"
