@@ -113,8 +113,9 @@ def _shim() -> dict[str, types.ModuleType]:
     dtlib = types.ModuleType("mpi4py.util.dtlib", "numpy dtypes of MPI datatypes")
     dtlib.to_numpy_dtype = lambda datatype: datatype.dtype  # type: ignore[attr-defined]
     dtlib.from_numpy_dtype = lambda dtype: MPI._datatype_of(np.dtype(dtype))  # type: ignore[attr-defined]
-    # pkl5 lifts MPI's 2 GiB limit on a pickled message; rayflow's lowercase methods have
-    # none, so its communicator classes are the communicators themselves
+    # pkl5 lifts the 32-bit count of MPI's C calls off pickled messages; rayflow sends a
+    # pickle as one transport message, with no such count, so its communicator classes
+    # are the communicators themselves
     pkl5 = types.ModuleType("mpi4py.util.pkl5", "pickled messages of any size")
     for name in ("Comm", "Intracomm", "Intercomm"):
         setattr(pkl5, name, type(name, (), {"__new__": lambda cls, comm: comm}))
