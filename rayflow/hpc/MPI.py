@@ -74,10 +74,13 @@ PROC_NULL = _comm.PROC_NULL
 UNDEFINED = -32766
 ROOT = -4
 SUCCESS = 0
-ERR_TYPE, ERR_OP, ERR_ARG, ERR_TRUNCATE, ERR_OTHER = 3, 9, 12, 14, 16
+ERR_TYPE, ERR_OP, ERR_TRUNCATE, ERR_OTHER = 3, 9, 14, 16
+# (the classes the window server sends back are its own: one definition of each)
+ERR_ARG, ERR_WIN, ERR_RMA_SYNC, ERR_RMA_RANGE = (
+    _rma.ERR_ARG, _rma.ERR_WIN, _rma.ERR_RMA_SYNC, _rma.ERR_RMA_RANGE)
 ERR_ACCESS, ERR_AMODE, ERR_FILE_EXISTS, ERR_FILE, ERR_IO, ERR_NO_SUCH_FILE, ERR_READ_ONLY = (
     20, 21, 25, 27, 32, 37, 40)
-ERR_WIN, ERR_RMA_SYNC, ERR_RMA_RANGE, ERR_RMA_SHARED, ERR_RMA_FLAVOR = 45, 50, 55, 57, 58
+ERR_RMA_SHARED, ERR_RMA_FLAVOR = 57, 58
 TAG_UB = 2**31 - 1
 IDENT, CONGRUENT, SIMILAR, UNEQUAL = 0, 1, 2, 3
 THREAD_SINGLE, THREAD_FUNNELED, THREAD_SERIALIZED, THREAD_MULTIPLE = 0, 1, 2, 3
@@ -324,27 +327,27 @@ class Datatype:
         return Datatype(name, self.dtype, tuple((o, n) for o, n in blocks), extent)
 
     def Create_contiguous(self, count: int) -> Datatype:  # noqa: N802
-        count = _check_count(count, "Create_contiguous")
+        count = _check_int("Datatype.Create_contiguous", "count", count)
         return self._derive(f"contiguous({count})", [i * self._extent for i in range(count)],
                             count * self._extent)
 
     def Create_vector(self, count: int, blocklength: int, stride: int) -> Datatype:  # noqa: N802
         """``count`` blocks of ``blocklength`` items, block starts ``stride`` items apart."""
-        count = _check_count(count, "Create_vector")
-        blocklength = _check_count(blocklength, "Create_vector")
-        e = self._extent
-        starts = [(i * stride + j) * e for i in range(count) for j in range(blocklength)]
-        return self._derive(f"vector({count}, {blocklength}, {stride})", starts,
-                            ((count - 1) * stride + blocklength) * e if count else 0)
+        return self._strided("vector", count, blocklength, stride, stride * self._extent)
 
     def Create_hvector(self, count: int, blocklength: int, stride: int) -> Datatype:  # noqa: N802
         """As :meth:`Create_vector`, the stride in bytes."""
-        count = _check_count(count, "Create_hvector")
-        blocklength = _check_count(blocklength, "Create_hvector")
+        return self._strided("hvector", count, blocklength, stride, stride)
+
+    def _strided(self, kind: str, count: Any, blocklength: Any, stride: int,
+                 stride_bytes: int) -> Datatype:
+        where = f"Datatype.Create_{kind}"
+        count = _check_int(where, "count", count)
+        blocklength = _check_int(where, "blocklength", blocklength)
         e = self._extent
-        starts = [i * stride + j * e for i in range(count) for j in range(blocklength)]
-        return self._derive(f"hvector({count}, {blocklength}, {stride})", starts,
-                            (count - 1) * stride + blocklength * e if count else 0)
+        starts = [i * stride_bytes + j * e for i in range(count) for j in range(blocklength)]
+        return self._derive(f"{kind}({count}, {blocklength}, {stride})", starts,
+                            (count - 1) * stride_bytes + blocklength * e if count else 0)
 
     def Create_subarray(self, sizes: Sequence[int], subsizes: Sequence[int],  # noqa: N802
                         starts: Sequence[int], order: int = ORDER_C) -> Datatype:
@@ -373,11 +376,8 @@ class Datatype:
         if lb != 0:
             raise NotImplementedError("Datatype.Create_resized: a lower bound other than 0 is "
                                       "not supported by rayflow's MPI")
-        if isinstance(extent, bool) or not isinstance(extent, (int, np.integer)) or extent < 0:
-            raise ValueError(f"Datatype.Create_resized: extent must be an int >= 0 (bytes), "
-                             f"got {extent!r}")
-        return Datatype(f"resized({self.name}, {extent})", self.dtype, self._layout(),
-                        int(extent))
+        extent = _check_int("Datatype.Create_resized", "extent (bytes)", extent)
+        return Datatype(f"resized({self.name}, {extent})", self.dtype, self._layout(), extent)
 
     def Commit(self) -> Datatype:  # noqa: N802
         self._committed = True
@@ -410,10 +410,19 @@ LONG: Datatype
 _BY_NAME = {n: globals()[n] for n in _TYPES}
 
 
-def _check_count(n: Any, where: str) -> int:
-    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 0:
-        raise ValueError(f"Datatype.{where}: counts must be ints >= 0, got {n!r}")
-    return int(n)
+def _completed(fn: Callable, *args: Any) -> Request:
+    """The request of a non-blocking call carried out at once (an ``R``- transfer of a
+    window, an ``I``- read or write of a file): ``fn(*args)``, then a completed request."""
+    fn(*args)
+    return Request(None, PROC_NULL)
+
+
+def _check_int(where: str, name: str, value: Any, least: int = 0) -> int:
+    """``value`` as an int, where it is one (not a bool) of at least ``least``: else a
+    ValueError naming the call and the argument."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < least:
+        raise ValueError(f"{where}: {name} must be an int >= {least}, got {value!r}")
+    return int(value)
 
 
 def _datatype_of(dtype: np.dtype) -> Datatype:
@@ -1004,6 +1013,7 @@ class Comm:
         self._dup_seq = itertools.count()
         self._group_seq: dict[tuple, int] = {}  # (group, tag) -> communicators made of it
         self._win_seq = itertools.count()  # windows made on it (each rank in the same order)
+        self._nbr_seq = itertools.count()  # neighbor collectives on it (a topology's)
         self._errhandler = ERRORS_RETURN
 
     # ------------------------------------------------------------ basics
@@ -2067,8 +2077,7 @@ class Topocomm(Intracomm):
             if d == PROC_NULL:
                 continue
             if d == c.rank:
-                mine[k] = obj.copy() if isinstance(obj, np.ndarray) else pickle.loads(
-                    pickle.dumps(obj))
+                mine[k] = _private(obj)  # (a snapshot, as a send takes)
             else:
                 c._send_to(d, ("nbr", c._ctx, seq, k), obj)
         return [None if s == PROC_NULL else mine.pop(k) if s == c.rank
@@ -2089,13 +2098,6 @@ class Topocomm(Intracomm):
 
         sent, got = nth(dests), nth(sources)
         return [k for _, k in sent], [k for _, k in got]
-
-    @property
-    def _nbr_seq(self) -> itertools.count:
-        seq = getattr(self, "_nbr_count", None)
-        if seq is None:
-            seq = self._nbr_count = itertools.count()
-        return seq
 
     def neighbor_allgather(self, sendobj: Any) -> list[Any]:
         """``sendobj`` to every destination; the sources' objects, in order (None from
@@ -2387,7 +2389,7 @@ class Win:
     def Allocate(cls, size: int, disp_unit: int = 1, info: Any = None,  # noqa: N802
                  comm: Comm | None = None) -> Win:
         """A window over ``size`` new bytes (zeroed) at this rank. Collective."""
-        return cls._make(bytearray(_check_size(size, "Allocate")), disp_unit, comm,
+        return cls._make(bytearray(_check_int("Win.Allocate", "size (bytes)", size)), disp_unit, comm,
                          WIN_FLAVOR_ALLOCATE, "Allocate")
 
     @classmethod
@@ -2401,7 +2403,7 @@ class Win:
 
         comm = COMM_SELF if comm is None else comm
         c = comm._c
-        size = _check_size(size, "Allocate_shared")
+        size = _check_int("Win.Allocate_shared", "size (bytes)", size)
         parts = c.allgather((socket.gethostname(), size))
         if len({host for host, _ in parts}) > 1:
             raise Exception("Win.Allocate_shared: the ranks of the communicator are on more "
@@ -2438,19 +2440,17 @@ class Win:
         comm = COMM_SELF if comm is None else comm
         if not isinstance(comm, Comm):
             raise TypeError(f"Win.{where}: comm must be an MPI communicator, got {comm!r}")
-        if isinstance(disp_unit, bool) or not isinstance(disp_unit, (int, np.integer)) \
-                or disp_unit < 1:
-            raise ValueError(f"Win.{where}: disp_unit must be an int >= 1, got {disp_unit!r}")
+        disp_unit = _check_int(f"Win.{where}", "disp_unit", disp_unit, least=1)
         c = comm._c
         own = comm.Dup()  # the window's fences and frees, apart from the program's calls
         wid = (c._ctx, "win", next(comm._win_seq))
         win = _win_class(memoryview(backing).nbytes).from_buffer(backing)  # type: ignore[attr-defined]
         memory = np.frombuffer(win, np.uint8)
         server = _rma.server(_rma_ufunc)
-        server.register((wid, c.rank), memory, int(disp_unit))
+        server.register((wid, c.rank), memory, disp_unit)
         # (the allgather also tells every rank that every window is registered)
-        peers = c.allgather((server.address, memory.size, int(disp_unit)))
-        win._s = _WinState(own, wid, memory, int(disp_unit), flavor, peers, keep)
+        peers = c.allgather((server.address, memory.size, disp_unit))
+        win._s = _WinState(own, wid, memory, disp_unit, flavor, peers, keep)
         return win
 
     @property
@@ -2679,23 +2679,19 @@ class Win:
             out.append((flat, dtype))
         return out
 
-    def _request(self, fn: Callable, *args: Any) -> Request:
-        fn(*args)
-        return Request(None, PROC_NULL)  # (complete: the call returned after the transfer)
-
     def Rput(self, origin: Any, target_rank: int, target: Any = None) -> Request:  # noqa: N802
-        return self._request(self.Put, origin, target_rank, target)
+        return _completed(self.Put, origin, target_rank, target)
 
     def Rget(self, origin: Any, target_rank: int, target: Any = None) -> Request:  # noqa: N802
-        return self._request(self.Get, origin, target_rank, target)
+        return _completed(self.Get, origin, target_rank, target)
 
     def Raccumulate(self, origin: Any, target_rank: int, target: Any = None,  # noqa: N802
                     op: Op = SUM) -> Request:
-        return self._request(self.Accumulate, origin, target_rank, target, op)
+        return _completed(self.Accumulate, origin, target_rank, target, op)
 
     def Rget_accumulate(self, origin: Any, result: Any, target_rank: int,  # noqa: N802
                         target: Any = None, op: Op = SUM) -> Request:
-        return self._request(self.Get_accumulate, origin, result, target_rank, target, op)
+        return _completed(self.Get_accumulate, origin, result, target_rank, target, op)
 
     # ------------------------------------------------------------ synchronization
     def Fence(self, assertion: int = 0) -> None:  # noqa: N802
@@ -2804,12 +2800,6 @@ class Win:
 
     def Get_errhandler(self) -> Errhandler:  # noqa: N802
         return self._st.comm.Get_errhandler()
-
-
-def _check_size(size: Any, where: str) -> int:
-    if isinstance(size, bool) or not isinstance(size, (int, np.integer)) or size < 0:
-        raise ValueError(f"Win.{where}: size must be an int >= 0 (bytes), got {size!r}")
-    return int(size)
 
 
 @functools.lru_cache(maxsize=256)  # (a window keeps its class: an evicted one lives on)
@@ -3015,7 +3005,7 @@ class File:
             raise Exception(f"File.Set_view: displacement {disp} must be >= 0 and the "
                             f"filetype ({filetype!r}) whole etypes ({etype!r})", ERR_ARG)
         self._disp, self._etype, self._filetype, self._pos = int(disp), etype, filetype, 0
-        self._set_shared(lambda now: 0)  # (collective, as Set_view is)
+        self._set_shared(0, SEEK_SET)  # (collective, as Set_view is)
 
     def Get_view(self) -> tuple[int, Datatype, Datatype]:  # noqa: N802
         return self._disp, self._etype, self._filetype
@@ -3102,38 +3092,36 @@ class File:
     Write_at_all, Read_at_all = Write_at, Read_at
     Write_all, Read_all = Write, Read
 
-    def _done(self, fn: Callable, *args: Any) -> Request:
-        fn(*args)
-        return Request(None, PROC_NULL)  # (complete: the call returned after the transfer)
-
     def Iwrite_at(self, offset: int, buf: Any) -> Request:  # noqa: N802
-        return self._done(self.Write_at, offset, buf)
+        return _completed(self.Write_at, offset, buf)
 
     def Iread_at(self, offset: int, buf: Any) -> Request:  # noqa: N802
-        return self._done(self.Read_at, offset, buf)
+        return _completed(self.Read_at, offset, buf)
 
     def Iwrite(self, buf: Any) -> Request:  # noqa: N802
-        return self._done(self.Write, buf)
+        return _completed(self.Write, buf)
 
     def Iread(self, buf: Any) -> Request:  # noqa: N802
-        return self._done(self.Read, buf)
+        return _completed(self.Read, buf)
 
     Iwrite_at_all, Iread_at_all, Iwrite_all, Iread_all = Iwrite_at, Iread_at, Iwrite, Iread
 
     def Seek(self, offset: int, whence: int = SEEK_SET) -> None:  # noqa: N802
         """Move the individual file pointer (etypes of the view)."""
-        if whence == SEEK_SET:
-            pos = int(offset)
-        elif whence == SEEK_CUR:
-            pos = self._pos + int(offset)
-        elif whence == SEEK_END:
-            pos = self._end_etypes() + int(offset)
-        else:
-            raise ValueError(f"File.Seek: whence must be MPI.SEEK_SET, SEEK_CUR or SEEK_END, "
-                             f"got {whence!r}")
+        self._pos = self._whence(offset, whence, self._pos, "Seek")
+
+    def _whence(self, offset: int, whence: int, now: int, where: str) -> int:
+        """Where a seek from ``now`` by ``offset`` (``SEEK_SET``, ``SEEK_CUR``, ``SEEK_END``)
+        lands, in etypes of the view."""
+        if whence not in (SEEK_SET, SEEK_CUR, SEEK_END):
+            raise ValueError(f"File.{where}: whence must be MPI.SEEK_SET, SEEK_CUR or "
+                             f"SEEK_END, got {whence!r}")
+        pos = int(offset) + (0 if whence == SEEK_SET else now if whence == SEEK_CUR
+                             else self._end_etypes())
         if pos < 0:
-            raise Exception(f"File.Seek: position {pos} is before the view's start", ERR_ARG)
-        self._pos = pos
+            raise Exception(f"File.{where}: position {pos} is before the view's start",
+                            ERR_ARG)
+        return pos
 
     def Get_position(self) -> int:  # noqa: N802
         return self._pos
@@ -3154,15 +3142,13 @@ class File:
         ptr.Fetch_and_op(np.array([n], np.int64), old, 0, 0, op=SUM)
         return int(old[0])
 
-    def _set_shared(self, to: Callable[[int], int]) -> None:
-        """Collective: rank 0 sets the shared file pointer to ``to(where it is)``."""
+    def _set_shared(self, offset: int, whence: int) -> None:
+        """Collective: rank 0 moves the shared file pointer (as :meth:`Seek` does the
+        individual one)."""
         self._f  # noqa: B018
 
         def move() -> None:
-            new = to(self.Get_position_shared())
-            if new < 0:
-                raise Exception(f"File.Seek_shared: position {new} is before the view's "
-                                f"start", ERR_ARG)
+            new = self._whence(offset, whence, self.Get_position_shared(), "Seek_shared")
             assert self._ptr is not None
             self._ptr.Put(np.array([new], np.int64), 0)
             self._ptr.Flush(0)  # (done before the others look)
@@ -3197,15 +3183,7 @@ class File:
 
     def Seek_shared(self, offset: int, whence: int = SEEK_SET) -> None:  # noqa: N802
         """Collective: move the shared file pointer (etypes of the view)."""
-        if whence == SEEK_SET:
-            self._set_shared(lambda now: int(offset))
-        elif whence == SEEK_CUR:
-            self._set_shared(lambda now: now + int(offset))
-        elif whence == SEEK_END:
-            self._set_shared(lambda now: self._end_etypes() + int(offset))
-        else:
-            raise ValueError(f"File.Seek_shared: whence must be MPI.SEEK_SET, SEEK_CUR or "
-                             f"SEEK_END, got {whence!r}")
+        self._set_shared(offset, whence)
 
     def Get_position_shared(self) -> int:  # noqa: N802
         ptr, now = self._ptr, np.zeros(1, np.int64)
@@ -3214,10 +3192,10 @@ class File:
         return int(now[0])
 
     def Iwrite_shared(self, buf: Any) -> Request:  # noqa: N802
-        return self._done(self.Write_shared, buf)
+        return _completed(self.Write_shared, buf)
 
     def Iread_shared(self, buf: Any) -> Request:  # noqa: N802
-        return self._done(self.Read_shared, buf)
+        return _completed(self.Read_shared, buf)
 
     def Write_ordered_begin(self, buf: Any) -> None:  # noqa: N802
         self.Write_ordered(buf)

@@ -413,8 +413,8 @@ class Client:
 
     def flush(self, rank: int | None = None) -> None:
         """Wait until every request posted to ``rank`` (None: to any rank) is done."""
+        links = getattr(self._local, "links", None) or {}
         for r in range(len(self._urls)) if rank is None else (rank,):
-            links = getattr(self._local, "links", None) or {}
             link = links.get(self._urls[r])
             if link is not None and link.pending:
                 self._drain(link, r)

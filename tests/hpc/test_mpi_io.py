@@ -13,6 +13,17 @@ from rayflow.hpc.comm import Communicator
 from tests.hpc.test_mpi_api_threads import run_ranks
 
 
+def err(call):
+    """The MPI error class ``call`` raised, the name of another error, or None."""
+    try:
+        call()
+    except MPI.Exception as exc:
+        return exc.Get_error_class()
+    except (NotImplementedError, TypeError, ValueError) as exc:
+        return type(exc).__name__
+    return None
+
+
 def _one():
     return MPI.Intracomm(Communicator(LocalTransport()))
 
@@ -71,15 +82,6 @@ def test_a_vector_view_interleaves_the_ranks_items(tmp_path):
 
 def test_file_errors_name_the_call_and_carry_mpis_class(tmp_path):
     c = _one()
-
-    def err(call):
-        try:
-            call()
-        except MPI.Exception as exc:
-            return exc.Get_error_class()
-        except (NotImplementedError, TypeError, ValueError) as exc:
-            return type(exc).__name__
-        return None
 
     p = tmp_path / "f.bin"
     assert err(lambda: MPI.File.Open(c, p, MPI.MODE_RDONLY)) == MPI.ERR_NO_SUCH_FILE
@@ -173,13 +175,6 @@ def test_a_collective_call_that_fails_at_rank_0_fails_on_every_rank(tmp_path):
     path.write_bytes(b"0123456789")
 
     def fn(c):
-        def err(call):
-            try:
-                call()
-            except MPI.Exception as exc:
-                return exc.Get_error_class()
-            return None
-
         fh = MPI.File.Open(c, path, MPI.MODE_RDONLY)
         got = [err(lambda: fh.Seek_shared(-1)), err(lambda: fh.Set_size(4))]
         fh.Close()
