@@ -7,7 +7,9 @@ mpi4py import MPI``, then buffer ``Allreduce`` of 8 B, 1 KiB and 1 MiB, the lowe
 ``allreduce`` of a float, ``Bcast`` of 1 KiB and 1 MiB, ``Barrier``, a ``Send``/``Recv``
 ping-pong of 8 B and 1 MiB between ranks 0 and 1, and one-sided ``Put``, ``Get`` and
 ``Accumulate`` of 8 B and ``Put`` of 1 MiB from rank 0 into rank 1's window (each with its
-``Flush``: complete at the target). It runs unmodified under both launchers
+``Flush``: complete at the target), and ``mpi4py.futures``: rank 0's ``MPICommExecutor``
+maps ``abs`` over the other ranks (one call a message, then 100; the figure is the map's
+time per call). It runs unmodified under both launchers
 with the same repetitions; each rank times every repetition itself and rank 0 prints the
 medians (microseconds) as one JSON line, after checking every result against the value
 MPI defines. Launchers alternate in rounds (``rayflow mpirun -n N``, then ``mpiexec -n N``,
@@ -34,7 +36,11 @@ CASES = [("Allreduce", 8, 2000), ("Allreduce", KIB, 2000), ("Allreduce", MIB, 40
          ("Barrier", 0, 2000), ("pingpong", 8, 2000), ("pingpong", MIB, 40),
          # one-sided, rank 0 into rank 1's window under Lock_all, each followed by Flush;
          # rank 1 waits in the next Barrier meanwhile
-         ("Put", 8, 2000), ("Get", 8, 2000), ("Accumulate", 8, 2000), ("Put", MIB, 40)]
+         ("Put", 8, 2000), ("Get", 8, 2000), ("Accumulate", 8, 2000), ("Put", MIB, 40),
+         # mpi4py.futures: rank 0's MPICommExecutor maps abs over the other ranks, one call
+         # per message and 100 per message; the figure is the map's time per call
+         ("MPICommExecutor.map chunksize=1", 0, 2000),
+         ("MPICommExecutor.map chunksize=100", 0, 20000)]
 
 
 def program() -> None:
@@ -104,6 +110,19 @@ def program() -> None:
         win.Unlock_all()
     comm.Barrier()
     win.Free()
+    from mpi4py.futures import MPICommExecutor
+
+    for name, nbytes, reps in CASES:
+        if not name.startswith("MPICommExecutor") or size < 2:
+            continue
+        chunk = int(name.rsplit("=", 1)[1])
+        with MPICommExecutor(comm, root=0) as ex:
+            if ex is not None:
+                list(ex.map(abs, range(-200, 0), chunksize=chunk))  # every worker is up
+                t0 = MPI.Wtime()
+                got = list(ex.map(abs, range(-reps, 0), chunksize=chunk))
+                out[f"{name} {nbytes}"] = (MPI.Wtime() - t0) / reps * 1e6
+                assert got == list(range(reps, 0, -1)), name
     if rank == 0:
         print(_MARK + json.dumps({"ranks": size, "us": out,
                                   "library": MPI.Get_library_version().split("\n")[0]}),

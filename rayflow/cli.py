@@ -533,7 +533,8 @@ def report(results_dir: Path, out_file: Path, plots_dir: Path | None) -> None:
 def mpirun(num_ranks: int, address: str | None, backend: str | None, retries: int,
            rank_cpus: float | None, command: tuple[str, ...]) -> None:
     """Run an mpi4py program on N gang-scheduled Ray ranks, as `mpiexec -n N` would:
-    `rayflow mpirun -n 4 -- python prog.py ARGS`.
+    `rayflow mpirun -n 4 -- python prog.py ARGS`. With `python -m mpi4py.futures prog.py`,
+    rank 0 runs the program and the other ranks are its MPIPoolExecutor's workers.
 
     `from mpi4py import MPI` resolves to rayflow.hpc.MPI in every rank; output lines are
     prefixed with the rank (`[0] ...`) and the exit status is the worst rank's.
@@ -546,10 +547,16 @@ def mpirun(num_ranks: int, address: str | None, backend: str | None, retries: in
         args = args[1:]
     if not args:
         raise click.UsageError("no program: give it as `-- python prog.py ARGS`")
+    futures = args[:2] == ["-m", "mpi4py.futures"]
+    if futures:  # rank 0 runs the program, the others are its pool's workers
+        args = args[2:]
+        if not args:
+            raise click.UsageError("no program after -m mpi4py.futures: give it as "
+                                   "`-- python -m mpi4py.futures prog.py ARGS`")
     if args[0].startswith("-"):
-        raise click.UsageError(f"unknown option {args[0]!r} before the program (python's own "
-                               "options, such as -m, are not supported); give the program as "
-                               "`-- python prog.py ARGS`")
+        raise click.UsageError(f"unknown option {args[0]!r} before the program (of python's "
+                               "own options only `-m mpi4py.futures` is supported); give the "
+                               "program as `-- python prog.py ARGS`")
     if not os.path.isfile(args[0]):  # before Ray starts, which takes seconds
         raise FileNotFoundError(f"MPI program {args[0]!r} not found")
     if address:
@@ -557,7 +564,7 @@ def mpirun(num_ranks: int, address: str | None, backend: str | None, retries: in
     ensure_ray(address)
     try:
         result = run_mpi(args[0], num_ranks, args=args[1:], backend=backend, retries=retries,
-                         rank_num_cpus=rank_cpus)
+                         rank_num_cpus=rank_cpus, futures=futures)
     except MPIRunError as exc:
         click.secho(f"rayflow mpirun: {exc}", fg="red", err=True)
         sys.exit(exc.result.exit_code)

@@ -381,7 +381,9 @@ def _mpi_api(doc: dict, ctx: _Ctx) -> list[str]:
     rows = doc["rows"]
     lines = [f"One unmodified mpi4py program (`{doc.get('program', 'bench_mpi_api.py')}`: "
              "`from mpi4py import MPI`, buffer and lowercase calls, and one-sided calls from rank 0 "
-             "into rank 1's window under `Lock_all`, each with its `Flush`) run by "
+             "into rank 1's window under `Lock_all`, each with its `Flush`, and an "
+             "`MPICommExecutor` of mpi4py.futures at rank 0 mapping `abs` over the others, "
+             "one call or 100 per message, timed per call) run by "
              "`rayflow mpirun -n N` "
              f"and by `mpiexec -n N` ({doc.get('mpi_library') or 'MPICH'}), the same "
              "repetitions; rank 0's median µs per call, median over "

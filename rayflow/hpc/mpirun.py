@@ -4,7 +4,9 @@ Usage: ``result = run_mpi("prog.py", 4, args=["--n", "100"])``
 
 Every rank runs the program with ``from mpi4py import MPI`` resolving to
 :mod:`rayflow.hpc.MPI` (a ``sys.modules`` shim installed in the rank for the run), with
-``sys.argv`` set to the script and its arguments and ``__name__ == "__main__"``. The gang is
+``sys.argv`` set to the script and its arguments and ``__name__ == "__main__"``, and
+``mpi4py.futures`` to :mod:`rayflow.hpc.futures` (with ``futures=True``, as ``python -m
+mpi4py.futures``: rank 0 runs the program, the others serve its executors). The gang is
 placed whole or not at all (:class:`~rayflow.hpc.gang.Gang`), so a run never starts with some
 ranks missing.
 
@@ -94,16 +96,19 @@ class _Program:
     source: str | None
     argv: tuple[str, ...]
     func: Callable[[], Any] | None = None
+    futures: bool = False  # python -m mpi4py.futures: ranks 1.. are rank 0's pool
 
 
 # ------------------------------------------------------------------ in the rank
 def _shim() -> dict[str, types.ModuleType]:
     """The modules a rank's ``import mpi4py...`` finds: ``mpi4py``, ``mpi4py.MPI`` (rayflow's
-    MPI), ``mpi4py.util.dtlib`` (numpy dtypes of MPI datatypes) and ``mpi4py.util.pkl5``."""
-    from rayflow.hpc import MPI
+    MPI), ``mpi4py.futures`` (:mod:`rayflow.hpc.futures`), ``mpi4py.util.dtlib`` (numpy
+    dtypes of MPI datatypes) and ``mpi4py.util.pkl5``."""
+    from rayflow.hpc import MPI, futures
 
     mod = types.ModuleType("mpi4py", "rayflow's stand-in for mpi4py inside an MPI rank")
     mod.MPI = MPI  # type: ignore[attr-defined]
+    mod.futures = futures  # type: ignore[attr-defined]
     mod.__version__ = "3.1.0"  # type: ignore[attr-defined]
     mod.__path__ = []  # a package, so that "import mpi4py.MPI" works
     mod.rc = types.SimpleNamespace(initialize=True, finalize=True, threads=True,  # type: ignore[attr-defined]
@@ -121,8 +126,27 @@ def _shim() -> dict[str, types.ModuleType]:
         setattr(pkl5, name, type(name, (), {"__new__": lambda cls, comm: comm}))
     pkl5.Request, pkl5.Message, pkl5.Status = MPI.Request, MPI.Message, MPI.Status  # type: ignore[attr-defined]
     mod.util, util.dtlib, util.pkl5 = util, dtlib, pkl5  # type: ignore[attr-defined]
-    return {"mpi4py": mod, "mpi4py.MPI": MPI, "mpi4py.util": util,
+    return {"mpi4py": mod, "mpi4py.MPI": MPI, "mpi4py.futures": futures, "mpi4py.util": util,
             "mpi4py.util.dtlib": dtlib, "mpi4py.util.pkl5": pkl5}
+
+
+def _run_program(program: _Program) -> Any:
+    """Run the program in this rank: a callable's value, or a script as ``__main__`` (a
+    module of its own, in ``sys.modules`` while it runs, as ``python prog.py`` makes it:
+    ``pickle`` finds the script's functions and classes by name)."""
+    if program.func is not None:
+        sys.argv = ["<function>", *program.argv]
+        return program.func()
+    assert program.path is not None and program.source is not None
+    sys.argv = [program.path, *program.argv]
+    sys.path.insert(0, os.path.dirname(os.path.abspath(program.path)))
+    main = types.ModuleType("__main__")
+    main.__file__ = program.path
+    main.__builtins__ = builtins  # type: ignore[attr-defined]
+    main.__rayflow_source__ = program.source  # type: ignore[attr-defined]  # (for workers)
+    sys.modules["__main__"] = main
+    exec(compile(program.source, program.path, "exec"), main.__dict__)  # noqa: S102
+    return None
 
 
 def _exit_code(exc: SystemExit, stderr: TextIO | _Forwarder) -> int:
@@ -221,21 +245,19 @@ def _rank_main(comm: Any, program: _Program, sink: Any = None) -> dict:
     shim = _shim()
     saved_modules = {k: sys.modules.get(k) for k in shim}
     saved_argv, saved_path = sys.argv, list(sys.path)
+    saved_modules["__main__"] = sys.modules.get("__main__")
     sys.modules.update(shim)
     result: dict[str, Any] = {"rank": comm.rank, "exit_code": 0, "error": None, "value": None}
     try:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             try:
-                if program.func is not None:
-                    sys.argv = ["<function>", *program.argv]
-                    result["value"] = program.func()
+                if program.futures:
+                    from rayflow.hpc.futures import run_shared_pool
+
+                    result["value"] = run_shared_pool(MPI.COMM_WORLD,
+                                                      lambda: _run_program(program))
                 else:
-                    assert program.path is not None and program.source is not None
-                    sys.argv = [program.path, *program.argv]
-                    sys.path.insert(0, os.path.dirname(os.path.abspath(program.path)))
-                    code = compile(program.source, program.path, "exec")
-                    exec(code, {"__name__": "__main__", "__file__": program.path,  # noqa: S102
-                                "__builtins__": builtins})
+                    result["value"] = _run_program(program)
             except MPI.Aborted as exc:
                 result["exit_code"] = exc.errorcode
                 result["error"] = f"MPI_Abort called with error code {exc.errorcode}"
@@ -251,6 +273,9 @@ def _rank_main(comm: Any, program: _Program, sink: Any = None) -> dict:
                 err.write(tb)
                 result["exit_code"], result["error"] = 1, tb
             finally:
+                from rayflow.hpc.futures import _shutdown_all
+
+                _shutdown_all()  # the executors the program left running (mpi4py: at exit)
                 sys.stdout.flush()
                 sys.stderr.flush()
     finally:
@@ -272,16 +297,17 @@ def _rank_main(comm: Any, program: _Program, sink: Any = None) -> dict:
 
 
 # ------------------------------------------------------------------ in the driver
-def _program(target: str | os.PathLike | Callable[[], Any], args: Sequence[str]) -> _Program:
+def _program(target: str | os.PathLike | Callable[[], Any], args: Sequence[str],
+             futures: bool = False) -> _Program:
     if callable(target):
-        return _Program(None, None, tuple(args), target)
+        return _Program(None, None, tuple(args), target, futures)
     path = os.fspath(target)
     if not os.path.isfile(path):
         raise FileNotFoundError(f"MPI program {path!r} not found")
     with open(path, encoding="utf-8") as f:
         source = f.read()
     compile(source, path, "exec")  # a syntax error fails here, once, not in every rank
-    return _Program(path, source, tuple(str(a) for a in args))
+    return _Program(path, source, tuple(str(a) for a in args), None, futures)
 
 
 def _attempt(g: Any, program: _Program, attempt: int, echo: tuple[TextIO, TextIO] | None
@@ -374,6 +400,7 @@ def run_mpi(
     stdout: TextIO | None = None,
     stderr: TextIO | None = None,
     check: bool = True,
+    futures: bool = False,
 ) -> MPIRunResult:
     """Run an mpi4py program on a gang of ``n`` ranks on Ray.
 
@@ -390,6 +417,8 @@ def run_mpi(
         echo: write every rank's output, prefixed ``[rank]``, to ``stdout``/``stderr``
             (default: this process's).
         check: raise :class:`MPIRunError` when the last attempt failed.
+        futures: run as ``python -m mpi4py.futures`` does: rank 0 runs the program, the
+            other ranks are the workers of its ``MPIPoolExecutor`` (needs ``n >= 2``).
 
     Returns:
         The :class:`MPIRunResult` of the last attempt.
@@ -405,7 +434,10 @@ def run_mpi(
         raise ValueError(f"run_mpi needs a positive number of ranks, got {n!r}")
     if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
         raise ValueError(f"retries must be a non-negative int, got {retries!r}")
-    program = _program(target, args)
+    if futures and n < 2:
+        raise ValueError("run_mpi(futures=True) needs at least 2 ranks: rank 0 runs the "
+                         "program, the others are its workers")
+    program = _program(target, args, futures)
     if gang is not None and gang.size != n:
         raise ValueError(f"the gang has {gang.size} ranks, the run asks for {n}")
     g = gang or Gang(n, backend=backend, rank_num_cpus=rank_num_cpus,

@@ -1,0 +1,207 @@
+"""mpi4py.futures on rayflow ranks: the executors' results beside those the same programs
+wrote under MPICH's mpiexec with mpi4py (their files are checked in: futures_*_mpich_*/),
+and what an executor does with failures, cancellations and options."""
+
+from __future__ import annotations
+
+import io
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+PROGRAMS = Path(__file__).parent / "mpi_programs"
+
+
+@pytest.fixture(scope="module")
+def gang(ray_session):
+    from rayflow.hpc import Gang
+
+    g = Gang(3, rank_num_cpus=0.25, gang_timeout_s=60).start()
+    yield g
+    g.shutdown()
+
+
+def _run(gang, name, *args, futures=False, n=None):
+    from rayflow.hpc import run_mpi
+
+    out, err = io.StringIO(), io.StringIO()
+    res = run_mpi(PROGRAMS / name, n or gang.size, args=[str(a) for a in args],
+                  gang=gang if n is None else None, stdout=out, stderr=err, futures=futures,
+                  rank_num_cpus=None if n is None else 0.25)
+    assert res.exit_code == 0, err.getvalue()
+    return out.getvalue().splitlines()
+
+
+def test_shared_pool_gives_what_mpich_gives(gang, tmp_path):
+    """`python -m mpi4py.futures`: rank 0 runs the program, ranks 1 and 2 are the pool of
+    its two executors (one after the other, the second with an initializer)."""
+    assert _run(gang, "futures_pool.py", tmp_path, futures=True) == []
+    want = (PROGRAMS / "futures_pool_mpich_n3" / "results.txt").read_text()
+    assert (tmp_path / "results.txt").read_text() == want
+
+
+def test_comm_executor_gives_what_mpich_gives(gang, tmp_path):
+    """MPICommExecutor: rank 0 (then rank 2) gets the executor, the others serve it and
+    get None; a collective between the two executors still matches."""
+    assert _run(gang, "futures_comm.py", tmp_path) == []
+    for r in range(3):
+        want = (PROGRAMS / "futures_comm_mpich_n3" / f"rank{r}.txt").read_text()
+        assert (tmp_path / f"rank{r}.txt").read_text() == want
+
+
+def test_spawned_workers_give_what_mpich_gives(ray_session, tmp_path):
+    """One rank whose executors spawn two workers each (a gang of new Ray ranks; MPICH
+    spawns processes): their COMM_WORLD is their own, of two."""
+    assert _run(None, "futures_pool.py", tmp_path, 2, n=1) == []
+    want = (PROGRAMS / "futures_pool_mpich_n1_spawn2" / "results.txt").read_text()
+    assert (tmp_path / "results.txt").read_text() == want
+
+
+def test_on_gloo_the_executor_says_it_cannot_receive(ray_session, tmp_path):
+    """gloo cannot look for a message from any rank: the executor is broken at once, with
+    the reason, and the run fails (it does not hang)."""
+    pytest.importorskip("torch")
+    from rayflow.hpc import Gang, run_mpi
+
+    with Gang(3, backend="gloo", rank_num_cpus=0.25, gang_timeout_s=60) as g:
+        out, err = io.StringIO(), io.StringIO()
+        res = run_mpi(PROGRAMS / "futures_comm.py", 3, args=[str(tmp_path)], gang=g,
+                      stdout=out, stderr=err, check=False)
+    assert res.exit_code == 1
+    assert "BrokenExecutor: the pool cannot receive its workers' replies" in err.getvalue()
+    assert "ANY_SOURCE" in err.getvalue()
+
+
+def test_shared_pool_needs_two_ranks(ray_session):
+    from rayflow.hpc import run_mpi
+
+    with pytest.raises(ValueError, match="at least 2 ranks"):
+        run_mpi(PROGRAMS / "futures_pool.py", 1, futures=True)
+
+
+# ------------------------------------------------------------------ from the driver
+@pytest.fixture(scope="module")
+def pool(ray_session):
+    """Two workers spawned from the test process (this process's main is pytest's: the
+    workers import it as __worker__, which runs nothing)."""
+    from rayflow.hpc.futures import MPIPoolExecutor
+
+    ex = MPIPoolExecutor(max_workers=2, rank_num_cpus=0.25).bootup()
+    yield ex
+    ex.shutdown()
+
+
+def test_calls_and_their_exceptions(pool):
+    import operator
+
+    assert pool.num_workers == 2
+    assert list(pool.map(operator.add, range(50), range(50), chunksize=7)) == [
+        2 * i for i in range(50)]
+    assert pool.submit(lambda a, b=1: a * b, 6, b=7).result() == 42  # (cloudpickle)
+    assert sorted(pool.map(lambda x: -x, range(9), unordered=True)) == list(range(-8, 1))
+
+    def fails(x):
+        return {}[x]
+
+    f = pool.submit(fails, "missing")
+    with pytest.raises(KeyError, match="missing") as info:
+        f.result(timeout=60)
+    # the worker's traceback, as ProcessPoolExecutor gives it
+    assert "in fails" in str(info.value.__cause__)
+    lines = list(pool.map(len, ["ab", "abc"]))  # the pool goes on after a failure
+    assert lines == [2, 3]
+
+
+def test_an_exception_that_does_not_pickle(pool):
+    def raise_unpicklable():
+        import threading
+
+        exc = ValueError("holds a lock")
+        exc.lock = threading.Lock()  # (a lock does not pickle)
+        raise exc
+
+    with pytest.raises(RuntimeError, match="ValueError: holds a lock"):
+        pool.submit(raise_unpicklable).result(timeout=60)
+
+
+def test_map_timeout_and_cancel(ray_session):
+    import concurrent.futures as cf
+    import time
+
+    from rayflow.hpc.futures import MPIPoolExecutor
+
+    with MPIPoolExecutor(1, rank_num_cpus=0.25) as ex:
+        ex.bootup()
+        it = ex.map(time.sleep, [0.5, 0.5, 0.5], timeout=0.2)
+        with pytest.raises(cf.TimeoutError):
+            next(it)
+        assert ex.submit(abs, -3).result(timeout=60) == 3  # the map's calls were cancelled
+        first = ex.submit(time.sleep, 0.5)
+        deadline = time.monotonic() + 30
+        while not first.running() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        queued = [ex.submit(abs, -i) for i in range(5)]
+        ex.shutdown(wait=True, cancel_futures=True)
+        assert first.result() is None  # running: not cancelled
+        assert all(f.cancelled() or f.result() == i for i, f in enumerate(queued))
+        assert any(f.cancelled() for f in queued)
+        with pytest.raises(RuntimeError, match="after shutdown"):
+            ex.submit(abs, 1)
+        assert ex.num_workers == 0
+
+
+def test_a_failing_initializer_breaks_the_pool(ray_session):
+    from rayflow.hpc.futures import BrokenExecutor, MPIPoolExecutor
+
+    def init():
+        raise OSError("no data here")
+
+    with MPIPoolExecutor(1, initializer=init, rank_num_cpus=0.25) as ex:
+        f = ex.submit(abs, -1)
+        with pytest.raises(BrokenExecutor, match="initializer failed: OSError"):
+            f.result(timeout=60)
+        with pytest.raises(BrokenExecutor):
+            ex.submit(abs, -1)
+
+
+def test_options_it_does_not_know_are_errors():
+    from rayflow.hpc.futures import MPIPoolExecutor
+
+    with pytest.raises(ValueError, match=r"options \['python_exe', 'wdir'\] are not supported"):
+        MPIPoolExecutor(2, python_exe="python3", wdir="/tmp")
+    with pytest.raises(ValueError, match="max_workers must be greater than 0"):
+        MPIPoolExecutor(0)
+    with pytest.raises(TypeError, match="initializer must be a callable"):
+        MPIPoolExecutor(1, initializer=3)
+    ex = MPIPoolExecutor(1)
+    with pytest.raises(ValueError, match="chunksize"):
+        ex.map(abs, [1], chunksize=0)
+    with pytest.raises(ValueError, match="buffersize must be None if unordered"):
+        ex.map(abs, [1], buffersize=2, unordered=True)
+    ex.shutdown()  # (never started: nothing to stop)
+
+
+def test_get_comm_workers_outside_a_worker_is_comm_null():
+    from rayflow.hpc import MPI
+    from rayflow.hpc.futures import get_comm_workers
+
+    assert get_comm_workers() is MPI.COMM_NULL
+
+
+@pytest.mark.slow
+def test_rayflow_mpirun_with_python_m_mpi4py_futures(tmp_path):
+    """The command line as mpiexec's: `rayflow mpirun -n 3 -- python -m mpi4py.futures`."""
+    env = dict(os.environ, RAYFLOW_RAY__INCLUDE_DASHBOARD="false")
+    base = [sys.executable, "-m", "rayflow", "mpirun", "-n", "3", "--rank-cpus", "0.25", "--",
+            "python", "-m"]
+    run = subprocess.run([*base, "mpi4py.futures", str(PROGRAMS / "futures_pool.py"),
+                          str(tmp_path)], capture_output=True, text=True, env=env, timeout=600)
+    assert run.returncode == 0, run.stderr
+    want = (PROGRAMS / "futures_pool_mpich_n3" / "results.txt").read_text()
+    assert (tmp_path / "results.txt").read_text() == want
+    other = subprocess.run([*base, "json.tool", "x.json"], capture_output=True, text=True,
+                           env=env, timeout=120)
+    assert other.returncode == 2 and "only `-m mpi4py.futures` is supported" in other.stderr
