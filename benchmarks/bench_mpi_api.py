@@ -1,6 +1,6 @@
 """The same mpi4py program under ``rayflow mpirun`` and under ``mpiexec`` (mpi4py on MPICH).
 
-    python benchmarks/bench_mpi_api.py [--rounds 2] [--ranks 2 --ranks 4] [--quick]
+    python benchmarks/bench_mpi_api.py [--rounds 2] [--ranks 1 --ranks 2 --ranks 4] [--quick]
 
 The program (:func:`program`, this file run with ``--program``) is plain mpi4py: ``from
 mpi4py import MPI``, then buffer ``Allreduce`` of 8 B, 1 KiB and 1 MiB, the lowercase
@@ -9,7 +9,8 @@ ping-pong of 8 B and 1 MiB between ranks 0 and 1, and one-sided ``Put``, ``Get``
 ``Accumulate`` of 8 B and ``Put`` of 1 MiB from rank 0 into rank 1's window (each with its
 ``Flush``: complete at the target), and ``mpi4py.futures``: rank 0's ``MPICommExecutor``
 maps ``abs`` over the other ranks (one call a message, then 100; the figure is the map's
-time per call). It runs unmodified under both launchers
+time per call); on one rank, a program whose ``MPIPoolExecutor`` spawns two workers maps
+``abs`` the same way. They run unmodified under both launchers
 with the same repetitions; each rank times every repetition itself and rank 0 prints the
 medians (microseconds) as one JSON line, after checking every result against the value
 MPI defines. Launchers alternate in rounds (``rayflow mpirun -n N``, then ``mpiexec -n N``,
@@ -41,6 +42,9 @@ CASES = [("Allreduce", 8, 2000), ("Allreduce", KIB, 2000), ("Allreduce", MIB, 40
          # per message and 100 per message; the figure is the map's time per call
          ("MPICommExecutor.map chunksize=1", 0, 2000),
          ("MPICommExecutor.map chunksize=100", 0, 20000)]
+#: the program on one rank (:func:`spawn_program`): an MPIPoolExecutor that spawns 2 workers
+SPAWN_CASES = [("MPIPoolExecutor(2 spawned).map chunksize=1", 0, 2000),
+               ("MPIPoolExecutor(2 spawned).map chunksize=100", 0, 20000)]
 
 
 def program() -> None:
@@ -129,15 +133,36 @@ def program() -> None:
               flush=True)
 
 
+def spawn_program() -> None:
+    """On one rank: an ``MPIPoolExecutor`` that spawns two workers maps ``abs`` (the
+    figure is the map's time per call, the workers started before it)."""
+    from mpi4py import MPI
+    from mpi4py.futures import MPIPoolExecutor
+
+    out: dict[str, float] = {}
+    with MPIPoolExecutor(max_workers=2) as ex:
+        for name, nbytes, reps in SPAWN_CASES:
+            chunk = int(name.rsplit("=", 1)[1])
+            list(ex.map(abs, range(-200, 0), chunksize=chunk))  # every worker is up
+            t0 = MPI.Wtime()
+            got = list(ex.map(abs, range(-reps, 0), chunksize=chunk))
+            out[f"{name} {nbytes}"] = (MPI.Wtime() - t0) / reps * 1e6
+            assert got == list(range(reps, 0, -1)), name
+    print(_MARK + json.dumps({"ranks": 1, "us": out,
+                              "library": MPI.Get_library_version().split("\n")[0]}), flush=True)
+
+
 # ------------------------------------------------------------------------------ driver
 def _launch(launcher: str, ranks: int) -> dict:
     bindir = Path(sys.executable).parent
     env = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
+    # one rank runs the spawning program, more the main one
+    prog = "--spawn-program" if ranks == 1 else "--program"
     if launcher == "rayflow":
         cmd = [str(bindir / "rayflow"), "mpirun", "-n", str(ranks), "--", sys.executable,
-               str(HERE), "--program"]
+               str(HERE), prog]
     else:
-        cmd = [str(bindir / "mpiexec"), "-n", str(ranks), sys.executable, str(HERE), "--program"]
+        cmd = [str(bindir / "mpiexec"), "-n", str(ranks), sys.executable, str(HERE), prog]
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=240)
     wall = time.perf_counter() - t0
@@ -155,18 +180,22 @@ def main(argv: list[str]) -> None:
     if argv[:1] == ["--program"]:
         program()
         return
+    if argv[:1] == ["--spawn-program"]:
+        spawn_program()
+        return
     sys.path.insert(0, str(HERE.parent))
     import click
     from _common import machine_info, print_table, ratio, write_result
 
     @click.command()
-    @click.option("--ranks", "ranks", multiple=True, type=int, help="default: 2 and 4")
+    @click.option("--ranks", "ranks", multiple=True, type=int,
+                  help="default: 1 (the spawning program), 2 and 4")
     @click.option("--rounds", default=2, show_default=True,
                   help="runs per launcher and rank count, alternating")
-    @click.option("--quick", is_flag=True, help="one round of 2 ranks (writes nothing)")
+    @click.option("--quick", is_flag=True, help="one round of 1 and 2 ranks (writes nothing)")
     def cli(ranks: tuple[int, ...], rounds: int, quick: bool) -> None:
         if quick:
-            ranks, rounds = (2,), 1
+            ranks, rounds = (1, 2), 1
         try:
             import mpi4py  # noqa: F401
         except ImportError:
@@ -174,7 +203,7 @@ def main(argv: list[str]) -> None:
                 "mpi4py is not installed: pip install -e '.[peers]'") from None
         print("machine:", machine_info(), flush=True)
         runs: dict[tuple[str, int], list[dict]] = {}
-        for n in ranks or (2, 4):
+        for n in ranks or (1, 2, 4):
             for _ in range(rounds):
                 for launcher in ("rayflow", "mpiexec"):
                     doc = _launch(launcher, n)
@@ -185,7 +214,7 @@ def main(argv: list[str]) -> None:
             if launcher != "rayflow":
                 continue
             peer = runs[("mpiexec", n)]
-            for name, nbytes, reps in CASES:
+            for name, nbytes, reps in SPAWN_CASES if n == 1 else CASES:
                 k = f"{name} {nbytes}"
                 ours = median(d["us"][k] for d in docs)
                 theirs = median(d["us"][k] for d in peer)
@@ -203,7 +232,7 @@ def main(argv: list[str]) -> None:
         if quick:
             print("machine:", machine_info())
             return
-        lib = next(iter(runs[("mpiexec", (ranks or (2, 4))[0])]))["library"]
+        lib = next(iter(runs[("mpiexec", (ranks or (1, 2, 4))[0])]))["library"]
         path = write_result("mpi_api", {"rounds": rounds, "rows": rows, "wall_s": walls,
                                         "mpi_library": lib,
                                         "program": "benchmarks/bench_mpi_api.py --program"})

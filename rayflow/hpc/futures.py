@@ -245,68 +245,99 @@ class _CommLink:
             self.comm.send(_WAKE, dest=self.comm.rank, tag=_REPLY)
 
 
-def _spawned_call(comm: Any, msg: tuple) -> tuple:
-    """A spawned worker's message (a gang rank's run)."""
-    if msg[0] == "init":
-        from rayflow.hpc import MPI
-        from rayflow.hpc.mpirun import _shim
+def _spawned_worker(world: Any, group: str, size: int, rank: int) -> None:
+    """A spawned worker's one run on its gang rank: ``world`` (the gang's communicator) is
+    its ``COMM_WORLD`` and ``get_comm_workers()``; it joins the master's group of ``size``
+    as ``rank`` and serves the master (rank 0) there until it says stop."""
+    from rayflow.hpc import MPI
+    from rayflow.hpc.backends.ray_backend import join_group
+    from rayflow.hpc.comm import Communicator
+    from rayflow.hpc.mpirun import _shim
 
-        sys.modules.update(_shim())  # the worker process is the pool's: kept
-        MPI._bind(comm)
-        _worker.comm_workers = MPI.COMM_WORLD
-    return _handle(msg)
+    sys.modules.update(_shim())  # the worker's process is the pool's: kept
+    MPI._bind(world)
+    _worker.comm_workers = MPI.COMM_WORLD
+    transport = join_group(size, rank, group)
+    try:
+        _serve(MPI.Intracomm(Communicator(transport, context=("futures",))), 0)
+    finally:
+        transport.close()
+        _restore_main()
 
 
-class _GangLink:
-    """Workers spawned for one executor: a :class:`~rayflow.hpc.Gang` of new Ray ranks, a
-    message a run of :func:`_spawned_call` on its rank."""
+class _SpawnLink(_CommLink):
+    """Workers spawned for one executor: a :class:`~rayflow.hpc.Gang` of new Ray ranks,
+    each running :func:`_spawned_worker` in one long run. This process joins them as rank
+    0 of a group of their own (direct channels, as between the ranks of a gang), so a
+    task costs a message each way, not a Ray call. A worker whose run ends before the pool
+    closes (its process died) wakes the pool, which then breaks."""
 
     def __init__(self, n: int, options: dict):
         import ray
 
-        from rayflow.hpc.gang import Gang
+        from rayflow.hpc import MPI
+        from rayflow.hpc.backends.channels import Mailbox
+        from rayflow.hpc.backends.ray_backend import create_rendezvous, join_group
+        from rayflow.hpc.comm import Communicator
+        from rayflow.hpc.gang import Gang, fit_rank_cpus
 
         if "rank_num_cpus" not in options and ray.is_initialized():
-            # spawned by a rank (a Ray actor): each worker asks for the rank's own CPUs
-            cpus = ray.get_runtime_context().get_assigned_resources().get("CPU")
-            if cpus is not None and ray.get_runtime_context().get_actor_id() is not None:
-                options = {**options, "rank_num_cpus": cpus}
+            # spawned by a rank (a Ray actor): each worker asks for the rank's own CPUs, or
+            # an equal share of the free ones where they do not fit (MPI oversubscribes)
+            ctx = ray.get_runtime_context()
+            cpus = ctx.get_assigned_resources().get("CPU")
+            if cpus is not None and ctx.get_actor_id() is not None:
+                free = float(ray.available_resources().get("CPU", 0.0))
+                options = {**options, "rank_num_cpus": fit_rank_cpus(n, cpus, free, False)}
         self.gang = Gang(n, **options).start()
-        self.size = n
-        self._stage = f"futures-{uuid.uuid4().hex[:10]}"
-        self._pending: dict[Any, int] = {}
-        self._lock = threading.Lock()
+        group = f"rf-futures-{uuid.uuid4().hex[:10]}"
+        self._rdv = create_rendezvous(group, n + 1)
+        self._runs = [actor.run.options(num_returns=2).remote(
+            group, 0, 1, _spawned_worker, (group, n + 1, r + 1), None)[1]
+            for r, actor in enumerate(self.gang.actors)]
+        self._box = Mailbox()
+        try:
+            self._transport = join_group(n + 1, 0, group, mailbox=self._box)
+        except BaseException:
+            self._stop_gang()
+            raise
         self._closed = threading.Event()
+        self.lost: str | None = None
+        super().__init__(MPI.Intracomm(Communicator(self._transport, context=("futures",))),
+                         list(range(1, n + 1)))
+        threading.Thread(target=self._watch, daemon=True, name="rayflow-futures-watch").start()
 
-    def send(self, worker: int, msg: tuple) -> None:
-        actor = self.gang.actors[worker]
-        _, out = actor.run.options(num_returns=2).remote(self._stage, 0, 1, _spawned_call,
-                                                         (msg,), None)
-        with self._lock:
-            self._pending[out] = worker
-
-    def recv(self) -> tuple[int, Any] | None:
+    def _watch(self) -> None:
+        """Wake the pool's receive if a worker's run ends before the pool closes."""
         import ray
 
         while not self._closed.is_set():
-            with self._lock:
-                refs = list(self._pending)
-            if not refs:
-                self._closed.wait(0.01)
-                continue
-            ready, _ = ray.wait(refs, num_returns=1, timeout=0.1)
-            if ready:
-                with self._lock:
-                    worker = self._pending.pop(ready[0])
+            ended, _ = ray.wait(self._runs, num_returns=1, timeout=0.5)
+            if ended and not self._closed.is_set():
                 try:
-                    return worker, ray.get(ready[0])
-                except Exception as exc:  # noqa: BLE001 - a lost worker: its task fails
-                    return worker, ("lost", None, False, _failure(exc))
-        return None
+                    ray.get(ended[0])
+                    why = "it returned"
+                except Exception as exc:  # noqa: BLE001 - what ended it, for the message
+                    why = f"{type(exc).__name__}: {exc}".splitlines()[0]
+                self.lost = f"a spawned worker's run ended before the pool closed ({why})"
+                self._box.abort(self._transport.stage)
+                return
+
+    def _stop_gang(self) -> None:
+        import ray
+
+        self.gang.shutdown()
+        ray.kill(self._rdv, no_restart=True)
 
     def close(self, wake: bool = True) -> None:
+        import ray
+
         self._closed.set()
-        self.gang.shutdown()
+        if not self._box.aborted(self._transport.stage):
+            super().close(wake)  # the workers stop; this process's receive wakes
+            ray.wait(self._runs, num_returns=len(self._runs), timeout=10)
+        self._transport.close()
+        self._stop_gang()
 
 
 # ------------------------------------------------------------------ the pool (master side)
@@ -363,8 +394,9 @@ class _Pool:
             try:
                 got = self.link.recv()
             except Exception as exc:  # noqa: BLE001 - e.g. a transport without ANY_SOURCE
-                got = ("broken", f"the pool cannot receive its workers' replies: "
-                                 f"{type(exc).__name__}: {exc}")
+                got = ("broken", getattr(self.link, "lost", None) or (
+                    f"the pool cannot receive its workers' replies: "
+                    f"{type(exc).__name__}: {exc}"))
             with self._cv:
                 self._replies.append(got)
                 self._cv.notify()
@@ -417,16 +449,8 @@ class _Pool:
                         if self._inits == self.size:
                             self._ready.set()
                         continue
-                    if worker not in running:  # a worker lost before its initializer replied
-                        self._inits += 1
-                        self._break(f"worker {worker} was lost")
-                        if self._inits == self.size:
-                            self._ready.set()
-                        continue
                     future = running.pop(worker)
-                    if kind == "lost":
-                        self._break(f"worker {worker} was lost")
-                    elif not self.broken:
+                    if not self.broken:
                         self._idle.append(worker)
                     try:
                         if ok:
@@ -534,8 +558,8 @@ class MPIPoolExecutor(Executor):
                                "the main script's executor under "
                                "`if __name__ == \"__main__\":`")
         n = self._max_workers_arg or int(os.environ.get(_MAX_WORKERS_ENV, "1"))
-        return _GangLink(n, {k: self._options[k] for k in self._SPAWN_OPTIONS
-                             if k in self._options})
+        return _SpawnLink(n, {k: self._options[k] for k in self._SPAWN_OPTIONS
+                              if k in self._options})
 
     def _bootstrap(self) -> _Pool:
         if self._pool is None:

@@ -156,15 +156,43 @@ def test_map_timeout_and_cancel(ray_session):
 def test_a_failing_initializer_breaks_the_pool(ray_session):
     from rayflow.hpc.futures import BrokenExecutor, MPIPoolExecutor
 
-    def init():
+    def init(wait_s):
+        import time
+
+        time.sleep(wait_s)
         raise OSError("no data here")
 
-    with MPIPoolExecutor(1, initializer=init, rank_num_cpus=0.25) as ex:
+    # a call queued while the initializer runs (it takes 1 s): its future breaks
+    with MPIPoolExecutor(1, initializer=init, initargs=(1.0,), rank_num_cpus=0.25) as ex:
         f = ex.submit(abs, -1)
         with pytest.raises(BrokenExecutor, match="initializer failed: OSError"):
             f.result(timeout=60)
         with pytest.raises(BrokenExecutor):
             ex.submit(abs, -1)
+    # a call after the initializers replied (bootup waits for them): submit raises
+    with MPIPoolExecutor(1, initializer=init, initargs=(0.0,), rank_num_cpus=0.25) as ex:
+        assert ex.bootup() is ex and ex.num_workers == 0
+        with pytest.raises(BrokenExecutor, match="no data here"):
+            ex.submit(abs, -1)
+
+
+def test_a_worker_that_dies_breaks_the_pool(ray_session):
+    """A spawned worker's process exits in a task: its future and the pool break, with
+    the reason, instead of waiting for a reply that will never come."""
+    from rayflow.hpc.futures import BrokenExecutor, MPIPoolExecutor
+
+    def die():
+        import os
+
+        os._exit(3)
+
+    with MPIPoolExecutor(2, rank_num_cpus=0.25) as ex:
+        assert ex.submit(abs, -5).result(timeout=60) == 5
+        f = ex.submit(die)
+        with pytest.raises(BrokenExecutor, match="spawned worker's run ended"):
+            f.result(timeout=60)
+        with pytest.raises(BrokenExecutor):
+            ex.submit(abs, 1)
 
 
 def test_options_it_does_not_know_are_errors():

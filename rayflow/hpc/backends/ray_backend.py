@@ -112,11 +112,12 @@ def _exchange(rdv: Any, phase: str, rank: int, value: Any, deadline: float, grou
 
 
 def join_group(world_size: int, rank: int, group_name: str, timeout_s: float = 60.0,
-               mode: str = "auto") -> DirectTransport:
+               mode: str = "auto", mailbox: Mailbox | None = None) -> DirectTransport:
     """Meet the group's other ranks and open direct channels to each of them.
 
-    Called inside a rank actor that mixes in :class:`MailboxHost`, after the driver created
-    the rendezvous actor with :func:`create_rendezvous`.
+    Called inside a rank actor that mixes in :class:`MailboxHost` (or in any process that
+    gives the ``mailbox`` its channels fill), after the driver created the rendezvous
+    actor with :func:`create_rendezvous`.
 
     Args:
         world_size, rank, group_name: the group and this rank's place in it.
@@ -124,18 +125,19 @@ def join_group(world_size: int, rank: int, group_name: str, timeout_s: float = 6
         mode: ``"auto"`` (shared memory on a node, TCP across nodes) or ``"tcp"`` (TCP
             between all ranks).
     """
-    if not _LOCAL_HOST:
-        raise RuntimeError("joining a group needs a MailboxHost actor (call set_local_host)")
+    if mailbox is None and not _LOCAL_HOST:
+        raise RuntimeError("joining a group needs a MailboxHost actor (call set_local_host) "
+                           "or a mailbox")
     if not 0 <= rank < world_size:
         raise ValueError(f"rank {rank} out of range for a group of {world_size}")
-    host = _LOCAL_HOST[0]
+    box = mailbox if mailbox is not None else _LOCAL_HOST[0]._rf_mailbox()
     deadline = time.monotonic() + timeout_s
     rdv = ray.get_actor(_RDV_PREFIX + group_name)
     info = node_info(ray.get_runtime_context().get_node_id(), ray.util.get_node_ip_address())
     infos = _exchange(rdv, "node", rank, info, deadline, group_name)
     ep = Endpoint(rank, infos, mode=mode, name=f"rayflow-{group_name}")
     addresses = _exchange(rdv, "addresses", rank, ep.address, deadline, group_name)
-    transport = ep.connect(addresses, host._rf_mailbox(), stage="group:" + group_name)
+    transport = ep.connect(addresses, box, stage="group:" + group_name)
     try:
         # every peer has opened this rank's files through /proc: their descriptors may close
         _exchange(rdv, "connected", rank, True, deadline, group_name)
