@@ -533,8 +533,9 @@ def report(results_dir: Path, out_file: Path, plots_dir: Path | None) -> None:
 def mpirun(num_ranks: int, address: str | None, backend: str | None, retries: int,
            rank_cpus: float | None, command: tuple[str, ...]) -> None:
     """Run an mpi4py program on N gang-scheduled Ray ranks, as `mpiexec -n N` would:
-    `rayflow mpirun -n 4 -- python prog.py ARGS`. With `python -m mpi4py.futures prog.py`,
-    rank 0 runs the program and the other ranks are its MPIPoolExecutor's workers.
+    `rayflow mpirun -n 4 -- python prog.py ARGS` (or `python -m mpi4py prog.py ARGS`). With
+    `python -m mpi4py.futures prog.py`, rank 0 runs the program and the other ranks are its
+    MPIPoolExecutor's workers.
 
     `from mpi4py import MPI` resolves to rayflow.hpc.MPI in every rank; output lines are
     prefixed with the rank (`[0] ...`) and the exit status is the worst rank's.
@@ -548,15 +549,18 @@ def mpirun(num_ranks: int, address: str | None, backend: str | None, retries: in
     if not args:
         raise click.UsageError("no program: give it as `-- python prog.py ARGS`")
     futures = args[:2] == ["-m", "mpi4py.futures"]
-    if futures:  # rank 0 runs the program, the others are its pool's workers
+    if args[:2] in (["-m", "mpi4py"], ["-m", "mpi4py.futures"]):
+        # python -m mpi4py prog.py: mpi4py's runner, which aborts every rank when one raises
+        # (as rayflow mpirun does for any program); with .futures rank 0 runs the program
+        # and the others are its executors' workers
+        if len(args) < 3:
+            raise click.UsageError(f"no program after {' '.join(args[:2])}: give it as "
+                                   f"`-- python {' '.join(args[:2])} prog.py ARGS`")
         args = args[2:]
-        if not args:
-            raise click.UsageError("no program after -m mpi4py.futures: give it as "
-                                   "`-- python -m mpi4py.futures prog.py ARGS`")
     if args[0].startswith("-"):
         raise click.UsageError(f"unknown option {args[0]!r} before the program (of python's "
-                               "own options only `-m mpi4py.futures` is supported); give the "
-                               "program as `-- python prog.py ARGS`")
+                               "own options only `-m mpi4py` and `-m mpi4py.futures` are "
+                               "supported); give the program as `-- python prog.py ARGS`")
     if not os.path.isfile(args[0]):  # before Ray starts, which takes seconds
         raise FileNotFoundError(f"MPI program {args[0]!r} not found")
     if address:

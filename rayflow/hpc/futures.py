@@ -326,8 +326,9 @@ class _SpawnLink(_CommLink):
     def _stop_gang(self) -> None:
         import ray
 
-        self.gang.shutdown()
-        ray.kill(self._rdv, no_restart=True)
+        if ray.is_initialized():  # (else Ray is gone, and the gang with it)
+            self.gang.shutdown()
+            ray.kill(self._rdv, no_restart=True)
 
     def close(self, wake: bool = True) -> None:
         import ray
@@ -335,7 +336,8 @@ class _SpawnLink(_CommLink):
         self._closed.set()
         if not self._box.aborted(self._transport.stage):
             super().close(wake)  # the workers stop; this process's receive wakes
-            ray.wait(self._runs, num_returns=len(self._runs), timeout=10)
+            if ray.is_initialized():
+                ray.wait(self._runs, num_returns=len(self._runs), timeout=10)
         self._transport.close()
         self._stop_gang()
 
@@ -502,7 +504,15 @@ def _shutdown_all() -> None:
         ex.shutdown(wait=True)
 
 
-atexit.register(_shutdown_all)
+_at_exit: list[bool] = []
+
+
+def _shut_down_at_exit() -> None:
+    """Register :func:`_shutdown_all` at exit once, when the first pool started (after
+    Ray's own exit handler, so it runs before Ray shuts down)."""
+    if not _at_exit:
+        _at_exit.append(True)
+        atexit.register(_shutdown_all)
 
 
 class MPIPoolExecutor(Executor):
@@ -569,6 +579,7 @@ class MPIPoolExecutor(Executor):
             init = _dumps(self._initializer) if self._initializer else None
             self._pool = _Pool(self._link(), main, init)
             _live.add(self)
+            _shut_down_at_exit()
         return self._pool
 
     @property

@@ -232,4 +232,33 @@ def test_rayflow_mpirun_with_python_m_mpi4py_futures(tmp_path):
     assert (tmp_path / "results.txt").read_text() == want
     other = subprocess.run([*base, "json.tool", "x.json"], capture_output=True, text=True,
                            env=env, timeout=120)
-    assert other.returncode == 2 and "only `-m mpi4py.futures` is supported" in other.stderr
+    assert other.returncode == 2 and "only `-m mpi4py` and `-m mpi4py.futures`" in other.stderr
+    # python -m mpi4py prog.py: mpi4py's runner, the program as it is
+    comm_dir = tmp_path / "comm"
+    comm_dir.mkdir()
+    runner = subprocess.run([*base, "mpi4py", str(PROGRAMS / "futures_comm.py"),
+                             str(comm_dir)], capture_output=True, text=True, env=env,
+                            timeout=600)
+    assert runner.returncode == 0, runner.stderr
+    for r in range(3):
+        want = (PROGRAMS / "futures_comm_mpich_n3" / f"rank{r}.txt").read_text()
+        assert (comm_dir / f"rank{r}.txt").read_text() == want
+
+
+@pytest.mark.slow
+def test_an_executor_left_running_is_shut_down_at_exit(tmp_path):
+    """A script that never shuts its executor down: its workers stop at exit, before Ray
+    shuts down, and the script exits cleanly (mpi4py shuts its executors down at exit)."""
+    script = tmp_path / "left.py"
+    script.write_text(
+        "from rayflow.hpc.futures import MPIPoolExecutor\n\n"
+        "def sq(x):\n    return x * x\n\n"
+        "if __name__ == '__main__':\n"
+        "    ex = MPIPoolExecutor(2, rank_num_cpus=0.25)\n"
+        "    print(sum(ex.map(sq, range(10))))\n")
+    env = dict(os.environ, RAYFLOW_RAY__INCLUDE_DASHBOARD="false")
+    run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                         env=env, timeout=300)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip().splitlines()[-1] == "285"
+    assert "Traceback" not in run.stderr
