@@ -31,9 +31,13 @@ blocking: the transport's optional ``try_recv(src, key)`` (see :mod:`rayflow.hpc
 the module polls; a transport without it raises ``NotImplementedError`` for ``ANY_SOURCE``.
 Collectives run on :class:`rayflow.hpc.comm.Communicator` and are matched in call order.
 
+``Comm.Spawn`` starts Python scripts as new ranks (:mod:`rayflow.hpc.spawn`) joined to
+their parents by an :class:`Intercomm` (``Comm.Get_parent`` in them).
+
 Not supported, raising ``NotImplementedError`` naming the feature: dynamic windows
-(``Win.Create_dynamic``), intercommunicators and dynamic
-processes (``Spawn``, ``Intercomm``), derived datatypes in communication (``Alltoallw``), and
+(``Win.Create_dynamic``), intercommunicators other than ``Spawn``'s
+(``Create_intercomm``, ports) and the collectives on them other than those
+:class:`Intercomm` lists, derived datatypes in communication (``Alltoallw``), and
 buffer ``MAXLOC``/``MINLOC`` (the lowercase
 methods support them on ``(value, index)`` pairs).
 
@@ -1242,9 +1246,23 @@ class Comm:
         raise NotImplementedError("intercommunicators (Create_intercomm) are not supported by "
                                   "rayflow's MPI")
 
-    def Spawn(self, *args: Any, **kwargs: Any) -> Any:  # noqa: N802
-        raise NotImplementedError("dynamic processes (Comm.Spawn) are not supported by "
-                                  "rayflow's MPI")
+    def Spawn(self, command: str, args: Sequence[str] | None = None,  # noqa: N802
+              maxprocs: int = 1, info: Any = INFO_NULL, root: int = 0,
+              errcodes: list | None = None) -> Intercomm:
+        """Start ``maxprocs`` new ranks running a Python script (``command`` a Python
+        interpreter, ``args`` the script and its arguments): collective over this
+        communicator, the ``root`` starts them (a gang of new Ray ranks). Returns the
+        intercommunicator to them; theirs is ``Comm.Get_parent()``, their
+        ``COMM_WORLD`` their own. See :mod:`rayflow.hpc.spawn`."""
+        from rayflow.hpc.spawn import spawn
+
+        return spawn(self, command, args, maxprocs, root, errcodes)
+
+    @staticmethod
+    def Get_parent() -> Comm:  # noqa: N802
+        """In a rank that ``Spawn`` started: the intercommunicator to its parents; else
+        ``COMM_NULL``."""
+        return _parent[0] if _parent and _parent[0] is not None else COMM_NULL
 
     def Abort(self, errorcode: int = 0) -> None:  # noqa: N802
         """End the program on every rank with exit status ``errorcode``."""
@@ -2039,6 +2057,202 @@ class Comm:
 
 class Intracomm(Comm):
     """An intracommunicator (every communicator here is one)."""
+
+
+class Intercomm(Comm):
+    """An intercommunicator: two disjoint groups, this rank's (``Get_rank``, ``Get_size``)
+    and the remote one (``Get_remote_size``), as ``Spawn`` and ``Get_parent`` give. A
+    point-to-point call names a rank of the remote group. The rooted collectives follow
+    MPI's rules for two groups: in the root's group the root passes ``MPI.ROOT`` and the
+    others ``MPI.PROC_NULL``; in the other group every rank passes the root's rank there.
+    ``bcast``/``Bcast`` and ``scatter`` go from the root to the remote group,
+    ``reduce``/``Reduce`` and ``gather`` from the remote group to the root; ``allgather``
+    and ``allreduce`` give each group the remote group's values. ``Barrier`` spans both
+    groups; ``Merge`` makes one intracommunicator of them."""
+
+    def __init__(self, base: _comm.Communicator | None = None, local_rank: int = 0,
+                 local_size: int = 0, joint: _comm.Communicator | None = None,
+                 low_first: bool = True):
+        super().__init__(base)
+        self._local = (local_rank, local_size)
+        self._joint = joint  # both groups, this one's ranks first where low_first
+        self._low_first = low_first
+        self._closers: list[Callable[[], None]] = []
+        self._merge_seq = itertools.count()
+        if base is not None:
+            self._coll = Comm(_comm.Communicator(base._t, base._members, (base._ctx, "coll"),
+                                                 attempt=base.attempt))
+
+    def Get_rank(self) -> int:  # noqa: N802
+        self._c  # noqa: B018 - (COMM_NULL or freed: an error)
+        return self._local[0]
+
+    def Get_size(self) -> int:  # noqa: N802
+        self._c  # noqa: B018
+        return self._local[1]
+
+    def Get_remote_size(self) -> int:  # noqa: N802
+        return self._c.size - 1  # (the remote group, then this rank)
+
+    rank = property(Get_rank)
+    size = property(Get_size)
+    remote_size = property(Get_remote_size)
+
+    def Is_inter(self) -> bool:  # noqa: N802
+        return True
+
+    def Is_intra(self) -> bool:  # noqa: N802
+        return False
+
+    def _check_peer(self, r: Any, what: str, wildcard: bool = False) -> int:
+        r = super()._check_peer(r, what, wildcard)
+        if r == self._c.size - 1:  # (this rank's own place in the base)
+            raise ValueError(f"{what} rank {r} out of range for a remote group of size "
+                             f"{r} (or PROC_NULL)")
+        return r
+
+    def Dup(self) -> Intercomm:  # noqa: N802
+        c = self._c
+        dup = Intercomm(_comm.Communicator(c._t, c._members, (c._ctx, "dup",
+                                                              next(self._dup_seq)),
+                                           attempt=c.attempt),
+                        *self._local, self._joint, self._low_first)
+        return dup
+
+    Clone = Dup
+
+    # ------------------------------------------------------------ collectives of two groups
+    def _role(self, root: Any, where: str) -> str:
+        """``"root"``, ``"idle"`` (PROC_NULL: the root's group, not the root) or
+        ``"remote"`` (the other group, whose root is ``root``)."""
+        if root == ROOT:
+            return "root"
+        if root == PROC_NULL:
+            return "idle"
+        self._check_peer(root, f"{where}: root")
+        return "remote"
+
+    def barrier(self) -> None:
+        assert self._joint is not None
+        self._c  # noqa: B018
+        self._joint.barrier()
+
+    Barrier = barrier
+
+    def bcast(self, obj: Any = None, root: int = 0) -> Any:
+        role = self._role(root, "bcast")
+        if role == "root":
+            for r in range(self.Get_remote_size()):
+                self._coll.send(obj, r)
+            return None  # (as mpi4py's: the root's group gets nothing back)
+        return None if role == "idle" else self._coll.recv(None, root)
+
+    def Bcast(self, buf: Any, root: int = 0) -> None:  # noqa: N802
+        role = self._role(root, "Bcast")
+        if role == "root":
+            for r in range(self.Get_remote_size()):
+                self._coll.Send(buf, r)
+        elif role == "remote":
+            self._coll.Recv(buf, root)
+
+    def scatter(self, sendobj: Any = None, root: int = 0) -> Any:
+        role = self._role(root, "scatter")
+        if role == "root":
+            items = list(sendobj)
+            if len(items) != self.Get_remote_size():
+                raise ValueError(f"scatter: {len(items)} items for a remote group of "
+                                 f"{self.Get_remote_size()}")
+            for r, item in enumerate(items):
+                self._coll.send(item, r)
+            return None
+        return None if role == "idle" else self._coll.recv(None, root)
+
+    def gather(self, sendobj: Any, root: int = 0) -> list | None:
+        role = self._role(root, "gather")
+        if role == "root":
+            return [self._coll.recv(None, r) for r in range(self.Get_remote_size())]
+        if role == "remote":
+            self._coll.send(sendobj, root)
+        return None
+
+    def reduce(self, sendobj: Any, op: Op = SUM, root: int = 0) -> Any:
+        op = _check_op(op, "reduce")
+        vals = self.gather(sendobj, root)
+        return None if vals is None else _fold(vals, op, "reduce")
+
+    def Reduce(self, sendbuf: Any, recvbuf: Any, op: Op = SUM, root: int = 0) -> None:  # noqa: N802
+        role = self._role(root, "Reduce")
+        if role == "remote":
+            self._coll.Send(sendbuf, root)
+        elif role == "root":
+            op = self._buffer_op(op, "Reduce")
+            flat, _ = _buffer(recvbuf, "Reduce", writable=True)
+            vals = []
+            for r in range(self.Get_remote_size()):
+                part = np.empty_like(flat)
+                self._coll.Recv(part, r)
+                vals.append(part)
+            _copy_into(flat, _fold(vals, op, "Reduce"), "Reduce")
+
+    def allgather(self, sendobj: Any) -> list:
+        for r in range(self.Get_remote_size()):
+            self._coll.send(sendobj, r, tag=1)
+        return [self._coll.recv(None, r, tag=1) for r in range(self.Get_remote_size())]
+
+    def allreduce(self, sendobj: Any, op: Op = SUM) -> Any:
+        return _fold(self.allgather(sendobj), _check_op(op, "allreduce"), "allreduce")
+
+    def Merge(self, high: bool = False) -> Intracomm:  # noqa: N802
+        """One intracommunicator of both groups: the group that passed ``high=False``
+        first (where both passed the same, the group of the parents)."""
+        assert self._joint is not None
+        joint = self._joint
+        theirs = self.allgather(bool(high))[0]
+        mine_first = (not high and theirs) or (bool(high) == theirs and self._low_first)
+        local = [m for m in joint._members if m in self._group_members()]
+        remote = [m for m in joint._members if m not in local]
+        members = local + remote if mine_first else remote + local
+        return Intracomm(_comm.Communicator(joint._t, members,
+                                            (joint._ctx, "merge", next(self._merge_seq)),
+                                            attempt=joint.attempt))
+
+    def _group_members(self) -> set[int]:
+        """The transport ranks of this rank's group."""
+        assert self._joint is not None
+        remote = set(self._c._members[:-1])
+        return {m for m in self._joint._members if m not in remote}
+
+    def Disconnect(self) -> None:  # noqa: N802
+        """Wait for both groups (collective), then free it and end what it holds (the
+        spawned ranks' channels, and at the spawning root their gang once they ended)."""
+        self.barrier()
+        self.Free()
+
+    def Free(self) -> None:  # noqa: N802
+        self._c  # noqa: B018 - freeing twice is an error, as in MPI
+        self._freed = True
+        closers, self._closers = self._closers, []
+        for close in closers:
+            close()
+
+
+def _not_on_intercomm(name: str) -> Callable[..., Any]:
+    def refuse(self: Intercomm, *args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError(f"{name} on an intercommunicator is not supported by "
+                                  f"rayflow's MPI (bcast, Bcast, scatter, gather, reduce, "
+                                  f"Reduce, allgather, allreduce, Barrier and Merge are)")
+    return refuse
+
+
+for _name in ("Split", "Split_type", "Create", "Create_group", "Create_cart", "Create_graph",
+              "Create_dist_graph_adjacent", "Create_dist_graph", "Spawn", "alltoall", "scan",
+              "exscan", "Allreduce", "Gather", "Scatter", "Allgather", "Alltoall", "Scan",
+              "Exscan", "Reduce_scatter_block", "Gatherv", "Scatterv", "Allgatherv",
+              "Alltoallv", "Reduce_scatter", "Ibarrier", "Ibcast", "Igather", "Igatherv",
+              "Iscatter", "Iscatterv", "Iallgather", "Iallgatherv", "Ialltoall", "Ialltoallv",
+              "Ireduce", "Iallreduce", "Ireduce_scatter_block", "Ireduce_scatter", "Iscan",
+              "Iexscan"):
+    setattr(Intercomm, _name, _not_on_intercomm(_name))
 
 
 class Topocomm(Intracomm):
@@ -3237,6 +3451,7 @@ FILE_NULL = None
 
 # ------------------------------------------------------------------------------ the world
 COMM_NULL = Comm(None)
+_parent: list[Intercomm | None] = [None]  # a spawned rank's intercomm to its parents
 COMM_WORLD = Intracomm(None)
 COMM_SELF = Intracomm(None)
 _bound: list[_comm.Communicator] = []
@@ -3305,7 +3520,6 @@ def Query_thread() -> int:  # noqa: N802
 
 
 _UNSUPPORTED = {
-    "Intercomm": "intercommunicators (MPI.Intercomm)",
     "Info": "MPI.Info",
     "Grequest": "generalized requests (MPI.Grequest)",
     "Open_port": "dynamic processes (MPI.Open_port)",

@@ -273,22 +273,14 @@ class _SpawnLink(_CommLink):
     closes (its process died) wakes the pool, which then breaks."""
 
     def __init__(self, n: int, options: dict):
-        import ray
-
         from rayflow.hpc import MPI
         from rayflow.hpc.backends.channels import Mailbox
         from rayflow.hpc.backends.ray_backend import create_rendezvous, join_group
         from rayflow.hpc.comm import Communicator
-        from rayflow.hpc.gang import Gang, fit_rank_cpus
+        from rayflow.hpc.gang import Gang, spawned_rank_cpus
 
-        if "rank_num_cpus" not in options and ray.is_initialized():
-            # spawned by a rank (a Ray actor): each worker asks for the rank's own CPUs, or
-            # an equal share of the free ones where they do not fit (MPI oversubscribes)
-            ctx = ray.get_runtime_context()
-            cpus = ctx.get_assigned_resources().get("CPU")
-            if cpus is not None and ctx.get_actor_id() is not None:
-                free = float(ray.available_resources().get("CPU", 0.0))
-                options = {**options, "rank_num_cpus": fit_rank_cpus(n, cpus, free, False)}
+        if "rank_num_cpus" not in options and (cpus := spawned_rank_cpus(n)) is not None:
+            options = {**options, "rank_num_cpus": cpus}  # (spawned by a rank)
         self.gang = Gang(n, **options).start()
         group = f"rf-futures-{uuid.uuid4().hex[:10]}"
         self._rdv = create_rendezvous(group, n + 1)

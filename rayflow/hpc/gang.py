@@ -67,6 +67,22 @@ def fit_rank_cpus(size: int, requested: float, total_cpus: float, explicit: bool
     return math.floor(total_cpus * _CPU_STEPS_PER_CPU / size) / _CPU_STEPS_PER_CPU
 
 
+def spawned_rank_cpus(size: int) -> float | None:
+    """CPUs per rank of a gang of ``size`` that a rank (a Ray actor) starts for itself
+    (mpi4py's spawned processes): the starting rank's own CPUs each, or an equal share of
+    the free CPUs where they do not fit (MPI would oversubscribe the cores). None outside
+    an actor (the gang's own default applies)."""
+    if not ray.is_initialized():
+        return None
+    ctx = ray.get_runtime_context()
+    if ctx.get_actor_id() is None:  # the driver
+        return None
+    cpus = ctx.get_assigned_resources().get("CPU")
+    if cpus is None:
+        return None
+    return fit_rank_cpus(size, cpus, float(ray.available_resources().get("CPU", 0.0)), False)
+
+
 # Rank actors run the rank function in their default group (one thread) and take deliveries
 # in a separate pool, so a rank blocked in recv still receives.
 _MAIL_THREADS = 4

@@ -224,14 +224,17 @@ def _sink_class() -> Any:
     return _OutputSink
 
 
-def _rank_main(comm: Any, program: _Program, sink: Any = None) -> dict:
-    """Run ``program`` in this rank with ``mpi4py`` bound to ``comm``; never raises."""
-    from rayflow.hpc import MPI
+def _rank_main(comm: Any, program: _Program, sink: Any = None, label: Any = None) -> dict:
+    """Run ``program`` in this rank with ``mpi4py`` bound to ``comm``; never raises. Its
+    output lines go to ``sink`` prefixed with ``label`` (default: the rank)."""
+    from rayflow.hpc import MPI, spawn
     from rayflow.hpc.backends.channels import StageAborted
 
     MPI._bind(comm)
-    out = _Forwarder(comm.rank, "stdout", sink)
-    err = _Forwarder(comm.rank, "stderr", sink)
+    label = comm.rank if label is None else label
+    out = _Forwarder(label, "stdout", sink)
+    err = _Forwarder(label, "stderr", sink)
+    spawn._context.sink = sink  # (ranks this program spawns print there too)
     stop = threading.Event()
 
     def pump() -> None:
@@ -264,18 +267,28 @@ def _rank_main(comm: Any, program: _Program, sink: Any = None) -> dict:
             except SystemExit as exc:
                 result["exit_code"] = _exit_code(exc, err)
             except StageAborted:
-                result["exit_code"] = None  # stopped because another rank failed
+                if spawn._failures:  # woken because a rank it spawned failed
+                    result["exit_code"] = 1
+                    result["error"] = "; ".join(spawn._failures)
+                    err.write(f"rayflow: {result['error']}\n")
+                else:
+                    result["exit_code"] = None  # stopped because another rank failed
             except BaseException as exc:  # noqa: BLE001 - reported as this rank's failure
-                # from the program's frames on: this function's own frame says nothing
+                # from the program's frames on: this module's own frames say nothing
                 frames = exc.__traceback__
-                tb = "".join(traceback.format_exception(
-                    type(exc), exc, frames.tb_next if frames is not None else None))
+                while frames is not None and frames.tb_frame.f_code.co_filename == __file__:
+                    frames = frames.tb_next
+                tb = "".join(traceback.format_exception(type(exc), exc, frames))
                 err.write(tb)
                 result["exit_code"], result["error"] = 1, tb
             finally:
                 from rayflow.hpc.futures import _shutdown_all
 
                 _shutdown_all()  # the executors the program left running (mpi4py: at exit)
+                # the ranks it spawned and did not disconnect from: waited for, or stopped
+                # if the program failed (they may wait for it)
+                spawn.end_all(kill=result["exit_code"] != 0)
+                spawn._failures.clear()
                 sys.stdout.flush()
                 sys.stderr.flush()
     finally:

@@ -576,8 +576,10 @@ def test_unsupported_features_and_bad_input_are_named():
     comm = MPI.Intracomm(Communicator(LocalTransport()))
     with pytest.raises(NotImplementedError, match="dynamic windows"):
         MPI.Win.Create_dynamic(comm=comm)
-    with pytest.raises(NotImplementedError, match="dynamic processes"):
-        comm.Spawn("python")
+    with pytest.raises(NotImplementedError, match="spawns Python scripts"):
+        comm.Spawn("python")  # (no script)
+    with pytest.raises(NotImplementedError, match="Alltoall on an intercommunicator"):
+        MPI.Intercomm().Alltoall(np.zeros(1), np.zeros(1))
     with pytest.raises(NotImplementedError, match="Alltoallw"):
         comm.Alltoallw(np.zeros(1), np.zeros(1))
     with pytest.raises(NotImplementedError, match="intercommunicators"):
