@@ -42,7 +42,6 @@ import threading
 import time
 import traceback
 import types
-import uuid
 import weakref
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import (
@@ -266,72 +265,45 @@ def _spawned_worker(world: Any, group: str, size: int, rank: int) -> None:
 
 
 class _SpawnLink(_CommLink):
-    """Workers spawned for one executor: a :class:`~rayflow.hpc.Gang` of new Ray ranks,
-    each running :func:`_spawned_worker` in one long run. This process joins them as rank
-    0 of a group of their own (direct channels, as between the ranks of a gang), so a
-    task costs a message each way, not a Ray call. A worker whose run ends before the pool
-    closes (its process died) wakes the pool, which then breaks."""
+    """Workers spawned for one executor (:class:`~rayflow.hpc.spawn.Children`: a gang of
+    new Ray ranks, each running :func:`_spawned_worker` in one long run). This process
+    joins them as rank 0 of a group of their own (direct channels, as between the ranks
+    of a gang), so a task costs a message each way, not a Ray call. A worker whose run
+    ends before the pool closes (its process died) wakes the pool, which then breaks."""
 
     def __init__(self, n: int, options: dict):
         from rayflow.hpc import MPI
         from rayflow.hpc.backends.channels import Mailbox
-        from rayflow.hpc.backends.ray_backend import create_rendezvous, join_group
+        from rayflow.hpc.backends.ray_backend import join_group
         from rayflow.hpc.comm import Communicator
-        from rayflow.hpc.gang import Gang, spawned_rank_cpus
+        from rayflow.hpc.spawn import Children
 
-        if "rank_num_cpus" not in options and (cpus := spawned_rank_cpus(n)) is not None:
-            options = {**options, "rank_num_cpus": cpus}  # (spawned by a rank)
-        self.gang = Gang(n, **options).start()
-        group = f"rf-futures-{uuid.uuid4().hex[:10]}"
-        self._rdv = create_rendezvous(group, n + 1)
-        self._runs = [actor.run.options(num_returns=2).remote(
-            group, 0, 1, _spawned_worker, (group, n + 1, r + 1), None)[1]
-            for r, actor in enumerate(self.gang.actors)]
+        self._children = Children(n, 1, _spawned_worker, **options)
         self._box = Mailbox()
         try:
-            self._transport = join_group(n + 1, 0, group, mailbox=self._box)
+            self._transport = join_group(n + 1, 0, self._children.group, mailbox=self._box)
         except BaseException:
-            self._stop_gang()
+            self._children.stop()
             raise
-        self._closed = threading.Event()
         self.lost: str | None = None
         super().__init__(MPI.Intracomm(Communicator(self._transport, context=("futures",))),
                          list(range(1, n + 1)))
-        threading.Thread(target=self._watch, daemon=True, name="rayflow-futures-watch").start()
+        self._children.watch(self._box, self._transport.stage, self._ended)
 
-    def _watch(self) -> None:
-        """Wake the pool's receive if a worker's run ends before the pool closes."""
-        import ray
-
-        while not self._closed.is_set():
-            ended, _ = ray.wait(self._runs, num_returns=1, timeout=0.5)
-            if ended and not self._closed.is_set():
-                try:
-                    ray.get(ended[0])
-                    why = "it returned"
-                except Exception as exc:  # noqa: BLE001 - what ended it, for the message
-                    why = f"{type(exc).__name__}: {exc}".splitlines()[0]
-                self.lost = f"a spawned worker's run ended before the pool closed ({why})"
-                self._box.abort(self._transport.stage)
-                return
-
-    def _stop_gang(self) -> None:
-        import ray
-
-        if ray.is_initialized():  # (else Ray is gone, and the gang with it)
-            self.gang.shutdown()
-            ray.kill(self._rdv, no_restart=True)
+    def _ended(self, worker: int, outcome: Any) -> str:
+        """A worker's run ended before the pool closed: why, for the pool's futures."""
+        why = (f"{type(outcome).__name__}: {outcome}".splitlines()[0]
+               if isinstance(outcome, BaseException) else "it returned")
+        self.lost = f"a spawned worker's run ended before the pool closed ({why})"
+        return self.lost
 
     def close(self, wake: bool = True) -> None:
-        import ray
-
-        self._closed.set()
+        self._children.done.set()
         if not self._box.aborted(self._transport.stage):
             super().close(wake)  # the workers stop; this process's receive wakes
-            if ray.is_initialized():
-                ray.wait(self._runs, num_returns=len(self._runs), timeout=10)
+            self._children.wait(timeout=10)
         self._transport.close()
-        self._stop_gang()
+        self._children.stop()
 
 
 # ------------------------------------------------------------------ the pool (master side)

@@ -24,6 +24,70 @@ _failures: list[str] = []  # spawned ranks that failed before their parents disc
 _context = threading.local()  # the output sink of the program running in this rank
 
 
+class Children:
+    """A gang of ``n`` new Ray rank actors, each in one long run of ``fn(world, group,
+    parents + n, parents + i, *args)`` (``world`` the gang's own communicator), and the
+    rendezvous of the group that they and ``parents`` other processes (its ranks 0 to
+    ``parents - 1``, by :func:`~rayflow.hpc.backends.ray_backend.join_group`) meet in.
+    Spawned by a rank, each asks for that rank's CPUs (see
+    :func:`~rayflow.hpc.gang.spawned_rank_cpus`) unless ``rank_num_cpus`` says."""
+
+    def __init__(self, n: int, parents: int, fn: Any, args: tuple = (),
+                 rank_num_cpus: float | None = None, **gang_options: Any):
+        import ray
+
+        from rayflow.hpc.backends.ray_backend import create_rendezvous
+        from rayflow.hpc.gang import Gang, spawned_rank_cpus
+
+        cpus = rank_num_cpus if rank_num_cpus is not None else spawned_rank_cpus(n)
+        self.gang = Gang(n, rank_num_cpus=cpus, **gang_options).start()
+        self.group = f"rf-spawn-{uuid.uuid4().hex[:10]}"
+        self.size = parents + n
+        self._rdv = create_rendezvous(self.group, self.size)
+        self.runs = [actor.run.options(num_returns=2).remote(
+            self.group, 0, 1, fn, (self.group, self.size, parents + i, *args), None)[1]
+            for i, actor in enumerate(self.gang.actors)]
+        self.done = threading.Event()  # set once the parents are done with them
+        self.failure: str | None = None
+        self.echo = False  # print their output when they end (no sink took it)
+        self._ray = ray
+
+    def watch(self, box: Any, stage: str, failed: Any) -> None:
+        """In a thread: when a run ends while the parents still need it and
+        ``failed(i, outcome)`` (the run's value, or the exception that ended it) gives a
+        reason, abort ``stage`` of ``box`` (a parent's receive then raises) and keep the
+        reason in :attr:`failure`."""
+
+        def loop() -> None:
+            pending = list(self.runs)
+            while pending and not self.done.is_set():
+                ended, pending = self._ray.wait(pending, num_returns=1, timeout=0.5)
+                for ref in ended:
+                    try:
+                        outcome: Any = self._ray.get(ref)
+                    except Exception as exc:  # noqa: BLE001 - a lost process
+                        outcome = exc
+                    why = failed(self.runs.index(ref), outcome)
+                    if why and not self.done.is_set():
+                        self.failure = why
+                        box.abort(stage)
+                        return
+
+        threading.Thread(target=loop, daemon=True, name="rayflow-spawn-watch").start()
+
+    def wait(self, timeout: float | None = None) -> None:
+        """Until every run ended (or ``timeout`` s)."""
+        if self._ray.is_initialized():
+            self._ray.wait(self.runs, num_returns=len(self.runs), timeout=timeout)
+
+    def stop(self) -> None:
+        """Kill the gang and the rendezvous (nothing to do once Ray is gone)."""
+        self.done.set()
+        if self._ray.is_initialized():
+            self.gang.shutdown()
+            self._ray.kill(self._rdv, no_restart=True)
+
+
 def _script(command: str, args: Any) -> tuple[str, list[str]]:
     """The script to run and its arguments, from ``Spawn``'s command and args: the command
     must be a Python interpreter and the first argument a script (relative paths from the
@@ -77,31 +141,22 @@ def _intercomm(transport: Any, group: str, remote: list[int], local_rank: int,
 def spawn(comm: Any, command: str, args: Any, maxprocs: int, root: int,
           errcodes: list | None) -> Any:
     """``comm.Spawn(...)``: collective over ``comm``; see the module doc."""
-    import ray
-
     from rayflow.hpc.backends.channels import Mailbox
-    from rayflow.hpc.backends.ray_backend import create_rendezvous, join_group
-    from rayflow.hpc.gang import Gang, spawned_rank_cpus
+    from rayflow.hpc.backends.ray_backend import join_group
     from rayflow.hpc.mpirun import _program
 
     if isinstance(maxprocs, bool) or not isinstance(maxprocs, int) or maxprocs < 1:
         raise ValueError(f"Spawn: maxprocs must be a positive int, got {maxprocs!r}")
     parents, me = comm.Get_size(), comm.Get_rank()
-    started: dict[str, Any] = {}
+    children: Children | None = None
     if me == root:
         try:
             path, argv = _script(command, args)
-            program = _program(path, argv)
-            gang = Gang(maxprocs, rank_num_cpus=spawned_rank_cpus(maxprocs)).start()
-            group = f"rf-spawn-{uuid.uuid4().hex[:10]}"
-            rdv = create_rendezvous(group, parents + maxprocs)
             sink = getattr(_context, "sink", None)
-            runs = [a.run.options(num_returns=2).remote(
-                group, 0, 1, _child, (group, parents + maxprocs, parents + i, parents,
-                                      program, sink), None)[1]
-                for i, a in enumerate(gang.actors)]
-            started = {"gang": gang, "rdv": rdv, "runs": runs, "echo": sink is None}
-            verdict: tuple = (group, None)
+            children = Children(maxprocs, parents, _child,
+                                (parents, _program(path, argv), sink))
+            children.echo = sink is None
+            verdict: tuple = (children.group, None)
         except Exception as exc:  # noqa: BLE001 - raised on every parent below
             verdict = (None, exc)
         verdict = comm.bcast(verdict, root)
@@ -116,65 +171,54 @@ def spawn(comm: Any, command: str, args: Any, maxprocs: int, root: int,
                        parents, low_first=True)
 
     def close() -> None:
-        if started:
-            ray.wait(started["runs"], num_returns=len(started["runs"]))
-            _end(started)
+        if children is not None:
+            children.wait()
+            _end(children)
         transport.close()
 
     inter._closers.append(close)
-    if started:
-        _open.append(started)
-        threading.Thread(target=_watch, args=(started, box, transport.stage), daemon=True,
-                         name="rayflow-spawn-watch").start()
+    if children is not None:
+        _open.append(children)
+        children.watch(box, transport.stage, _failed)
     if errcodes is not None:
         errcodes[:] = [0] * maxprocs
     return inter
 
 
-def _watch(started: dict, box: Any, stage: str) -> None:
-    """At the spawning root: a spawned rank that fails before the parents disconnected
-    wakes the root from any wait on a message (it then fails, naming the rank), instead of
-    leaving it waiting for a message that will not come."""
+def _failed(i: int, outcome: Any) -> str | None:
+    """Why spawned rank ``i``'s run (its result, or what ended it) failed; None if not."""
+    if isinstance(outcome, BaseException):
+        why = f"spawned rank {i} was lost: {type(outcome).__name__}"
+    elif outcome["exit_code"]:
+        why = f"spawned rank {i} exited with code {outcome['exit_code']}"
+    else:
+        return None
+    _failures.append(why)
+    return why
+
+
+def _end(children: Children) -> None:
+    """Stop a spawned gang (its runs ended); print what the children printed where no
+    sink took it as they ran, and name a child that failed (unless a parent did)."""
     import ray
 
-    pending = list(started["runs"])
-    while pending and started in _open:
-        ended, pending = ray.wait(pending, num_returns=1, timeout=0.5)
-        for ref in ended:
-            i = started["runs"].index(ref)
-            try:
-                code = ray.get(ref)["exit_code"]
-                why = f"spawned rank {i} exited with code {code}" if code else None
-            except Exception as exc:  # noqa: BLE001 - a lost child process
-                why = f"spawned rank {i} was lost: {type(exc).__name__}"
-            if why and started in _open:
-                _failures.append(why)
-                box.abort(stage)
-                return
-
-
-def _end(started: dict) -> None:
-    """Stop a spawned gang (its runs ended) and report a child that failed."""
-    import ray
-
-    if started in _open:
-        _open.remove(started)
+    if children in _open:
+        _open.remove(children)
     failed = []
-    for i, ref in enumerate(started["runs"]):
+    for i, ref in enumerate(children.runs):
         try:
             res = ray.get(ref)
         except Exception as exc:  # noqa: BLE001 - a lost child process
             failed.append(f"spawned rank {i} was lost: {type(exc).__name__}")
             continue
-        if started["echo"]:  # no sink took its output as it ran: it goes out now
+        if children.echo:
             for text, stream in ((res["stdout"], sys.stdout), (res["stderr"], sys.stderr)):
                 for line in text.splitlines():
                     print(f"[spawned {i}] {line}", file=stream)
         why = f"spawned rank {i} exited with code {res['exit_code']}"
         if res["exit_code"] and why not in _failures:  # (else the parent said it already)
             failed.append(why)
-    started["gang"].shutdown()
-    ray.kill(started["rdv"], no_restart=True)
+    children.stop()
     if failed:
         print("rayflow: " + "; ".join(failed), file=sys.stderr)
 
@@ -183,16 +227,13 @@ def end_all(kill: bool = False) -> None:
     """At the end of a program: wait for the children it spawned and never disconnected
     from (``mpiexec`` waits for spawned processes too), then stop their gangs; with
     ``kill`` (the program failed, and they may wait for it) stop them at once."""
-    import ray
-
-    for started in list(_open):
+    for children in list(_open):
         if kill:
-            _open.remove(started)
-            started["gang"].shutdown()
-            ray.kill(started["rdv"], no_restart=True)
+            _open.remove(children)
+            children.stop()
             continue
-        ray.wait(started["runs"], num_returns=len(started["runs"]))
-        _end(started)
+        children.wait()
+        _end(children)
 
 
-__all__ = ["end_all", "spawn"]
+__all__ = ["Children", "end_all", "spawn"]
