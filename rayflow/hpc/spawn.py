@@ -156,6 +156,7 @@ def spawn(comm: Any, command: str, args: Any, maxprocs: int, root: int,
             children = Children(maxprocs, parents, _child,
                                 (parents, _program(path, argv), sink))
             children.echo = sink is None
+            _open.append(children)  # (stopped at the program's end if a join fails)
             verdict: tuple = (children.group, None)
         except Exception as exc:  # noqa: BLE001 - raised on every parent below
             verdict = (None, exc)
@@ -178,7 +179,6 @@ def spawn(comm: Any, command: str, args: Any, maxprocs: int, root: int,
 
     inter._closers.append(close)
     if children is not None:
-        _open.append(children)
         children.watch(box, transport.stage, _failed)
     if errcodes is not None:
         errcodes[:] = [0] * maxprocs
