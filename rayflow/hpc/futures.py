@@ -145,10 +145,18 @@ def _main_spec() -> tuple[str, str | None, str | None] | None:
         return ("module", spec.name, None)
     source = getattr(main, "__rayflow_source__", None)
     path = getattr(main, "__file__", None)
+    if source is None and path and _in_ray(path):  # a Ray worker's own entry point
+        return None
     if source is None and path and os.path.isfile(path):
         with open(path, encoding="utf-8") as f:
             source = f.read()
     return ("script", path, source) if path and source is not None else None
+
+
+def _in_ray(path: str) -> bool:
+    import ray
+
+    return os.path.abspath(path).startswith(os.path.dirname(os.path.abspath(ray.__file__)))
 
 
 def _import_main(spec: tuple | None) -> None:

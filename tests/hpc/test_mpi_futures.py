@@ -212,6 +212,21 @@ def test_options_it_does_not_know_are_errors():
     ex.shutdown()  # (never started: nothing to stop)
 
 
+def test_an_executor_in_a_ray_task_imports_no_main(ray_session):
+    """In a Ray task (outside rayflow mpirun) the process's main is Ray's worker entry
+    point: the workers import nothing for it, and the calls run."""
+    import ray
+
+    @ray.remote(num_cpus=0)
+    def farm():
+        from rayflow.hpc.futures import MPIPoolExecutor, _main_spec
+
+        with MPIPoolExecutor(1, rank_num_cpus=0.25) as ex:
+            return _main_spec(), list(ex.map(abs, [-1, -2]))
+
+    assert ray.get(farm.remote(), timeout=120) == (None, [1, 2])
+
+
 def test_get_comm_workers_outside_a_worker_is_comm_null():
     from rayflow.hpc import MPI
     from rayflow.hpc.futures import get_comm_workers
