@@ -2075,8 +2075,9 @@ class Intercomm(Comm):
                  low_first: bool = True):
         super().__init__(base)
         self._local = (local_rank, local_size)
-        self._joint = joint  # both groups, this one's ranks first where low_first
-        self._low_first = low_first
+        self._joint = joint  # both groups, parents first (Barrier, Merge)
+        self._low_first = low_first  # this group goes first in a Merge where both pass
+        #                              the same high (the parents' does)
         self._closers: list[Callable[[], None]] = []
         self._merge_seq = itertools.count()
         if base is not None:
