@@ -193,8 +193,9 @@ def _restore_main() -> None:
 
 
 def _handle(msg: tuple) -> tuple:
-    """One message of the master: ``("init", main, initializer)`` or ``("task", id, call)``;
-    the reply ``(kind, id, ok, pickled result or failure)``."""
+    """One message of the master: ``("init", main, initializer)`` or ``("task", call)``;
+    the reply ``(kind, ok, pickled result or failure)`` (the master knows the call by the
+    worker that replies: one call at a time each)."""
     if msg[0] == "init":
         _, main, init = msg
         try:
@@ -203,14 +204,29 @@ def _handle(msg: tuple) -> tuple:
                 fn, args = pickle.loads(init)
                 fn(*args)
         except BaseException as exc:  # noqa: BLE001 - sent to the master
-            return ("init", None, False, _failure(exc))
-        return ("init", None, True, b"")
-    _, task_id, call = msg
+            return ("init", False, _failure(exc))
+        return ("init", True, b"")
     try:
-        fn, args, kwargs = pickle.loads(call)
-        return ("task", task_id, True, _dumps(fn(*args, **kwargs)))
+        fn, args, kwargs = pickle.loads(msg[1])
+        return ("task", True, _dumps(fn(*args, **kwargs)))
     except BaseException as exc:  # noqa: BLE001 - the task's outcome
-        return ("task", task_id, False, _failure(exc))
+        return ("task", False, _failure(exc))
+
+
+def _serve_unless_root(comm: Any, root: int) -> bool:
+    """Collective over ``comm``: every rank but ``root`` serves the root's tasks until it
+    says stop (their ``get_comm_workers()``: the ranks but the root); True at the root, at
+    once."""
+    is_root = comm.Get_rank() == root
+    workers = comm.Split(1 if is_root else 0)
+    if is_root:
+        return True
+    _worker.comm_workers = workers
+    try:
+        _serve(comm, root)
+    finally:
+        _restore_main()
+    return False
 
 
 def _serve(comm: Any, master: int) -> None:
@@ -331,7 +347,6 @@ class _Pool:
         self._done = False
         self._wake = True  # whether the receiving thread waits for close() to wake it
         self.broken: str | None = None
-        self._ids = itertools.count()
         for w in range(self.size):
             link.send(w, ("init", main, initializer))
         self._receiver = threading.Thread(target=self._receive, daemon=True,
@@ -409,7 +424,7 @@ class _Pool:
                             future.set_exception(BrokenExecutor(got[1]))
                         running.clear()
                         continue
-                    worker, (kind, _, ok, blob) = got
+                    worker, (kind, ok, blob) = got
                     if kind == "init":
                         self._inits += 1
                         if not ok:
@@ -447,7 +462,7 @@ class _Pool:
                         continue
                     worker = self._idle.pop()
                     running[worker] = future
-                    sends.append((worker, ("task", next(self._ids), call)))
+                    sends.append((worker, ("task", call)))
                 finished = self._finished()
             for worker, msg in sends:  # (outside the lock: a send may wait on its peer)
                 self.link.send(worker, msg)
@@ -711,16 +726,9 @@ class MPICommExecutor:
             self._executor = MPIPoolExecutor(**self._options)
             return self._executor
         comm, root = self._comm.Dup(), self._root
-        workers = comm.Split(0 if comm.Get_rank() != root else 1)  # (collective)
-        if comm.Get_rank() == root:
+        if _serve_unless_root(comm, root):
             self._executor = MPIPoolExecutor(_comm=(comm, root), **self._options)
-            return self._executor
-        _worker.comm_workers = workers
-        try:
-            _serve(comm, root)
-        finally:
-            _restore_main()
-        return None
+        return self._executor
 
     def __exit__(self, *exc: Any) -> None:
         if self._executor is not None:
@@ -734,14 +742,8 @@ def run_shared_pool(world: Any, main: Callable[[], Any]) -> Any:
     ranks as its executors' shared pool; the others serve it until ``main`` returns (or
     raises)."""
     comm = world.Dup()
-    if comm.Get_rank() != 0:
-        _worker.comm_workers = comm.Split(0)
-        try:
-            _serve(comm, 0)
-        finally:
-            _restore_main()
+    if not _serve_unless_root(comm, 0):
         return None
-    comm.Split(1)  # (collective: rank 0 is in no workers' communicator)
     _shared.comm, _shared.busy = comm, False
     try:
         return main()

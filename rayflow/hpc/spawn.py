@@ -185,15 +185,20 @@ def spawn(comm: Any, command: str, args: Any, maxprocs: int, root: int,
     return inter
 
 
-def _failed(i: int, outcome: Any) -> str | None:
+def _why(i: int, outcome: Any) -> str | None:
     """Why spawned rank ``i``'s run (its result, or what ended it) failed; None if not."""
     if isinstance(outcome, BaseException):
-        why = f"spawned rank {i} was lost: {type(outcome).__name__}"
-    elif outcome["exit_code"]:
-        why = f"spawned rank {i} exited with code {outcome['exit_code']}"
-    else:
-        return None
-    _failures.append(why)
+        return f"spawned rank {i} was lost: {type(outcome).__name__}"
+    if outcome["exit_code"]:
+        return f"spawned rank {i} exited with code {outcome['exit_code']}"
+    return None
+
+
+def _failed(i: int, outcome: Any) -> str | None:
+    """:func:`_why`, kept for the program's failure (a parent was waiting)."""
+    why = _why(i, outcome)
+    if why:
+        _failures.append(why)
     return why
 
 
@@ -207,16 +212,15 @@ def _end(children: Children) -> None:
     failed = []
     for i, ref in enumerate(children.runs):
         try:
-            res = ray.get(ref)
+            res: Any = ray.get(ref)
         except Exception as exc:  # noqa: BLE001 - a lost child process
-            failed.append(f"spawned rank {i} was lost: {type(exc).__name__}")
-            continue
-        if children.echo:
+            res = exc
+        if children.echo and isinstance(res, dict):
             for text, stream in ((res["stdout"], sys.stdout), (res["stderr"], sys.stderr)):
                 for line in text.splitlines():
                     print(f"[spawned {i}] {line}", file=stream)
-        why = f"spawned rank {i} exited with code {res['exit_code']}"
-        if res["exit_code"] and why not in _failures:  # (else the parent said it already)
+        why = _why(i, res)
+        if why and why not in _failures:  # (else the parent said it already)
             failed.append(why)
     children.stop()
     if failed:
