@@ -206,6 +206,12 @@ class CoordinatorActor:
         with self.lock:
             return self.core is not None and self.core.done
 
+    def unfinished(self) -> list:
+        """The tasks that have not reported their end (the first 10)."""
+        with self.lock:
+            core = self.core
+            return [] if core is None else sorted(core.tasks - set(core.finished))[:10]
+
     def missing_acks(self) -> list:
         with self.lock:
             core = self.core

@@ -191,6 +191,7 @@ class Supervisor(Launcher):
                         return
             if self._cancelled:
                 return
+            self._await_final_checkpoint()
             self._collect()
             self._finish_clean()
         except BaseException as exc:  # noqa: BLE001 - kept for wait()
@@ -234,6 +235,29 @@ class Supervisor(Launcher):
                 self._sinks_finished(sinks):
             return None  # an instance that died after its sinks finished changes nothing
         return failure
+
+    def _await_final_checkpoint(self, limit_s: float = 30.0) -> bool:
+        """Wait until the coordinator holds the final checkpoint (every task's final state).
+        A task tells the coordinator of its end without waiting, after it passed the end of
+        stream on: the sinks can be done while the last reports are still on their way, and
+        the final checkpoint, which stands in for an instance lost at the end, would be
+        missing. It follows within milliseconds; ``limit_s`` bounds the wait should a task
+        never report (its actor died on the way)."""
+        import ray
+
+        deadline = time.monotonic() + limit_s
+        while True:
+            try:
+                if ray.get(self.coordinator.done.remote(), timeout=limit_s):
+                    return True
+            except Exception:  # noqa: BLE001 - the coordinator is gone: nothing to wait for
+                return False
+            if time.monotonic() >= deadline or self._cancelled:
+                log.warning("job %r: its sinks finished, but the final checkpoint did not "
+                            "complete within %.0f s (tasks that did not report their end: "
+                            "%s)", self.flow.name, limit_s, _unfinished(self.coordinator))
+                return False
+            time.sleep(0.02)
 
     def _sinks_finished(self, keys) -> bool:
         """Whether every sink instance has written its end of stream (asked, not assumed)."""
@@ -428,6 +452,17 @@ class Supervisor(Launcher):
             except Exception:  # noqa: BLE001 - the coordinator is gone: what we saw last
                 pass
         return self._checkpoints
+
+
+def _unfinished(coordinator: Any) -> str:
+    """The tasks that did not report their end, for a log line."""
+    import ray
+
+    try:
+        return ", ".join(f"{s}[{i}]" for s, i in
+                         ray.get(coordinator.unfinished.remote(), timeout=5)) or "-"
+    except Exception:  # noqa: BLE001
+        return "?"
 
 
 def _newest(*checkpoints: Any) -> Any:
