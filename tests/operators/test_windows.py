@@ -578,16 +578,22 @@ def test_sliding_windows_keep_their_slices_as_partials_on_rocksdb(tmp_path, cach
     logic.close()
 
 
+@pytest.mark.parametrize("kind", ["rocksdb", "memory", "filesystem"])
 @pytest.mark.parametrize("windower", [TumblingWindow(6.0), SlidingWindow(6.0, 2.0)])
-def test_windows_restored_from_one_entry_per_key_fire_them_as_partials(tmp_path, windower):
-    """A RocksDB snapshot whose windows are one entry per key and window (as a window step
-    that keeps no partials writes them): restored into a step that keeps partials, every
-    such window still fires its keys' values, merged with what comes after the restore,
-    and no entry of the old kind is left."""
-    pytest.importorskip("rocksdict")
-    from rayflow.state import RocksDBBackend
+def test_windows_restored_from_one_entry_per_key_fire_them_as_partials(tmp_path, windower,
+                                                                        kind):
+    """A snapshot whose windows are one entry per key and window (as a window step that
+    keeps no partials writes them, and as earlier versions kept every window on memory
+    and filesystem state): restored into a step that keeps partials, every such window
+    still fires its keys' values, merged with what comes after the restore, and no entry
+    of the old kind is left."""
+    from rayflow.state import RocksDBBackend, backend_from_name
 
-    backend = RocksDBBackend(str(tmp_path), cache_entries=0)
+    if kind == "rocksdb":
+        pytest.importorskip("rocksdict")
+        backend = RocksDBBackend(str(tmp_path), cache_entries=0)
+    else:
+        backend = backend_from_name(kind, str(tmp_path))
     old = backend.open("win", 0, "test")
     # slices (sliding) or windows (tumbling) named as the step names them
     first = windower.windows_of(1.0)[-1]

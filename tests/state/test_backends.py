@@ -300,33 +300,40 @@ def test_the_checkpoint_settings_choose_the_backend_and_its_cache(tmp_path):
         load_config(checkpoint={"rocksdb_cache_entries": -1})
 
 
-@pytest.mark.parametrize("scan_chunk", [2, 4096])
-@pytest.mark.parametrize("cache_entries", [0, 3, 1000])
+_PARTIAL_STATES = [("rocksdb", cache, chunk) for cache in (0, 3, 1000) for chunk in (2, 4096)] \
+    + [("memory", 0, 0), ("filesystem", 0, 0)]
+
+
+@pytest.mark.parametrize("kind,cache_entries,scan_chunk", _PARTIAL_STATES)
 @pytest.mark.parametrize("seed", range(4))
-def test_rocksdb_partials_merge_in_order_through_snapshots_and_rescales(tmp_path, monkeypatch,
-                                                                         cache_entries, seed,
-                                                                         scan_chunk):
+def test_partials_merge_in_order_through_snapshots_and_rescales(tmp_path, monkeypatch, kind,
+                                                                cache_entries, seed,
+                                                                scan_chunk):
     """Partials added to namespaces (keys that are each other's prefix as text, tuples,
-    numbers; a cache that holds none, some or all of them; scans that read them a few at a
-    time, so that a chunk ends inside a key's partials, at a namespace's end and past it,
-    or all at once) come back from ``take_partials``
+    numbers; on RocksDB a cache that holds none, some or all of them, and scans that read
+    them a few at a time, so that a chunk ends inside a key's partials, at a namespace's
+    end and past it, or all at once) come back from ``take_partials``
     as one value per key, merged in the order they were added (list concatenation, which
     order changes), as a plain dict of lists says; ``read_partials`` returns the same and
-    leaves them; ``drop_partials`` removes one key's; a snapshot restores them, and
-    ``items``/``put`` carry them to another state (a rescale). A namespace taken is gone,
-    from RocksDB too."""
-    pytest.importorskip("rocksdict")
+    leaves them; ``drop_partials`` removes one key's; a dict state's namespace changed in
+    place (``live_partials``) keeps the change; a snapshot (on memory an incremental one,
+    on top of the restored one) restores them, and ``items``/``put`` carry them to another
+    state (a rescale). A namespace taken is gone, from RocksDB too."""
     import operator
     import pickle
     import random
 
     from rayflow.state import backends
 
-    monkeypatch.setattr(backends, "_SCAN_CHUNK", scan_chunk)
     rng = random.Random(seed)
     keys = ["a", "ab", "abc", ("t", 1), ("t", 10), 1, 10, 1.5, b"a"]
     spaces = [(0.0, 1.0), (1.0, 2.0), ("w", 3)]
-    be = RocksDBBackend(str(tmp_path), cache_entries=cache_entries)
+    if kind == "rocksdb":
+        pytest.importorskip("rocksdict")
+        monkeypatch.setattr(backends, "_SCAN_CHUNK", scan_chunk)
+        be = RocksDBBackend(str(tmp_path), cache_entries=cache_entries)
+    else:
+        be = backend_from_name(kind, str(tmp_path))
     s = be.open("step", 0, "job")
     s.put("plain", 42)  # an ordinary entry beside the partials
     model: dict = {}
@@ -350,7 +357,16 @@ def test_rocksdb_partials_merge_in_order_through_snapshots_and_rescales(tmp_path
                 n += 1
                 pairs[k] = [n]
                 model[(ns, k)] = model.get((ns, k), []) + [n]
-            s.add_partials(ns, pairs, operator.add)
+            live = s.live_partials(ns) if op < 0.35 else None
+            if live is None:
+                s.add_partials(ns, pairs, operator.add)
+            else:  # a dict state's own namespace, changed in place (its value lists too)
+                assert kind != "rocksdb"
+                for k, v in pairs.items():
+                    if k in live:
+                        live[k] += v
+                    else:
+                        live[k] = v
         elif op < 0.76:
             ns = rng.choice(spaces)
             got = s.read_partials(ns, operator.add)
@@ -378,9 +394,12 @@ def test_rocksdb_partials_merge_in_order_through_snapshots_and_rescales(tmp_path
     for ns in spaces:
         check_take(s, ns)
     assert model == {}
-    s.flush()
-    # no partial left in RocksDB (beside the entry and the sequence a snapshot keeps)
-    assert set(s.db.keys()) <= {pickle.dumps("plain"), b"\x01seq"}
+    if kind == "rocksdb":
+        s.flush()
+        # no partial left in RocksDB (beside the entry and the sequence a snapshot keeps)
+        assert set(s.db.keys()) <= {pickle.dumps("plain"), b"\x01seq"}
+    else:  # nor an empty namespace in the dict
+        assert dict(s.items()) == {"plain": 42} and len(s) == 1
     s.close()
 
 

@@ -367,9 +367,11 @@ class _TimeLogic(_StatefulLogic):
         recs = rows(items)
         keys = _keys(key_fn, recs)
         if self._partials:
-            # a window's state is its partials: the batch's accumulators start afresh,
-            # none read (absent is None: created, as for a key a dict state lacks)
-            unread = None
+            # a window's state is its partials: the batch's accumulators start afresh in a
+            # dict of the batch's own (not a dict state's), none read (absent is None:
+            # created, as for a key a dict state lacks)
+            direct, cache, unread = None, {}, None
+            get = cache.get
             window = _one_open_window(windows_of, wm)
             if window is not None:  # the usual batch: no window loop per record
                 self._add_in_one_window(recs, keys, window, dead)
@@ -425,7 +427,11 @@ class _TimeLogic(_StatefulLogic):
         records become one accumulator, added to the window unread."""
         agg = self.spec.aggregator
         add, create = agg.add, agg.create
-        accs: dict = {}
+        # a dict state's window is a dict of its own: the records go into it in place, no
+        # accumulator of the batch merged after (without ttl_s, which touches the batch's
+        # keys alone)
+        live = self.state.live_partials(window) if self.ttl_s is None else None
+        accs: dict = {} if live is None else live
         get = accs.get
         for rec, key in zip(recs, keys):
             if key.__class__ is _KeyFailed:
@@ -436,6 +442,12 @@ class _TimeLogic(_StatefulLogic):
                 accs[key] = add(create() if acc is _MISSING else acc, rec)
             except Exception as exc:  # noqa: BLE001 - user aggregator
                 dead.append(self.dead(describe_exception(exc), rec))
+        if live is not None:
+            if live:
+                self._queue_window(window)
+            else:  # every record a dead letter: no window opened
+                self.state.take_partials(window, self._merge)
+            return
         if accs:
             self._queue_window(window)
             self.state.add_partials(window, accs, self._merge)
