@@ -34,9 +34,12 @@ Collectives run on :class:`rayflow.hpc.comm.Communicator` and are matched in cal
 ``Comm.Spawn`` starts Python scripts as new ranks (:mod:`rayflow.hpc.spawn`) joined to
 their parents by an :class:`Intercomm` (``Comm.Get_parent`` in them).
 
+``Intracomm.Create_intercomm`` joins two disjoint groups of one program by the same
+:class:`Intercomm`.
+
 Not supported, raising ``NotImplementedError`` naming the feature: dynamic windows
-(``Win.Create_dynamic``), intercommunicators other than ``Spawn``'s
-(``Create_intercomm``, ports) and the collectives on them other than those
+(``Win.Create_dynamic``), intercommunicators between separate programs (ports) and the
+collectives on them other than those
 :class:`Intercomm` lists, derived datatypes in communication (``Alltoallw``), and
 buffer ``MAXLOC``/``MINLOC`` (the lowercase
 methods support them on ``(value, index)`` pairs).
@@ -1018,6 +1021,7 @@ class Comm:
         self._group_seq: dict[tuple, int] = {}  # (group, tag) -> communicators made of it
         self._win_seq = itertools.count()  # windows made on it (each rank in the same order)
         self._nbr_seq = itertools.count()  # neighbor collectives on it (a topology's)
+        self._icc_seq = itertools.count()  # intercommunicators it made (Create_intercomm)
         self._errhandler = ERRORS_RETURN
 
     # ------------------------------------------------------------ basics
@@ -1242,9 +1246,47 @@ class Comm:
                              ([wt or 0 for _, wt in ins], [wt or 0 for _, wt in outs])
                              if weighted else None)
 
-    def Create_intercomm(self, *args: Any, **kwargs: Any) -> Any:  # noqa: N802
-        raise NotImplementedError("intercommunicators (Create_intercomm) are not supported by "
-                                  "rayflow's MPI")
+    def Create_intercomm(self, local_leader: int, peer_comm: Comm,  # noqa: N802
+                         remote_leader: int, tag: int = 0) -> Intercomm:
+        """An intercommunicator between this communicator's group and another, disjoint
+        one: collective over both groups. Their leaders, ``local_leader`` (a rank of this
+        communicator) and ``remote_leader`` (the other's, a rank of ``peer_comm``, which
+        holds both leaders; only the leaders' ``peer_comm`` counts), exchange their groups
+        over ``peer_comm`` with ``tag``, and each tells its group."""
+        c = self._c
+        if not 0 <= local_leader < c.size:
+            raise ValueError(f"Create_intercomm: local_leader {local_leader} out of range for "
+                             f"a communicator of size {c.size}")
+        # this group, and how many intercommunicators it made before (so that two made by
+        # the same groups have contexts of their own)
+        mine = (tuple(c._members), next(self._icc_seq))
+        verdict: tuple = (None, None)
+        if c.rank == local_leader:
+            try:
+                if not isinstance(peer_comm, Comm):
+                    raise TypeError(f"Create_intercomm: peer_comm must be an MPI.Comm, got "
+                                    f"{peer_comm!r}")
+                theirs = peer_comm.sendrecv(mine, remote_leader, tag, None, remote_leader, tag)
+                if set(theirs[0]) & set(mine[0]):
+                    raise ValueError(f"Create_intercomm: the two groups share processes "
+                                     f"(world ranks {sorted(set(theirs[0]) & set(mine[0]))})")
+                verdict = (theirs, None)
+            except builtins.Exception as exc:  # noqa: BLE001 - raised on every rank of the group
+                verdict = (None, exc)
+        theirs, error = self.bcast(verdict, local_leader)
+        if error is not None:
+            raise error
+        remote = list(theirs[0])
+        # both groups name it alike; the group whose leader has the lower world rank goes
+        # first in a Merge where both pass the same high
+        ctx = ("intercomm", *sorted([mine, theirs]), tag)
+        low_first = mine[0][0] < remote[0]
+        joint = list(mine[0]) + remote if low_first else remote + list(mine[0])
+        return Intercomm(_comm.Communicator(c._t, [*remote, c._members[c.rank]], ctx,
+                                            attempt=c.attempt),
+                         c.rank, c.size,
+                         _comm.Communicator(c._t, joint, (ctx, "joint"), attempt=c.attempt),
+                         low_first)
 
     def Spawn(self, command: str, args: Sequence[str] | None = None,  # noqa: N802
               maxprocs: int = 1, info: Any = INFO_NULL, root: int = 0,
@@ -2245,7 +2287,8 @@ def _not_on_intercomm(name: str) -> Callable[..., Any]:
     return refuse
 
 
-for _name in ("Split", "Split_type", "Create", "Create_group", "Create_cart", "Create_graph",
+for _name in ("Split", "Split_type", "Create", "Create_group", "Create_intercomm",
+              "Create_cart", "Create_graph",
               "Create_dist_graph_adjacent", "Create_dist_graph", "Spawn", "alltoall", "scan",
               "exscan", "Allreduce", "Gather", "Scatter", "Allgather", "Alltoall", "Scan",
               "Exscan", "Reduce_scatter_block", "Gatherv", "Scatterv", "Allgatherv",

@@ -582,8 +582,10 @@ def test_unsupported_features_and_bad_input_are_named():
         MPI.Intercomm().Alltoall(np.zeros(1), np.zeros(1))
     with pytest.raises(NotImplementedError, match="Alltoallw"):
         comm.Alltoallw(np.zeros(1), np.zeros(1))
-    with pytest.raises(NotImplementedError, match="intercommunicators"):
-        comm.Create_intercomm(0, comm, 0)
+    with pytest.raises(NotImplementedError, match="Create_intercomm on an intercommunicator"):
+        MPI.Intercomm().Create_intercomm(0, comm, 0)
+    with pytest.raises(ValueError, match="local_leader 1 out of range"):
+        comm.Create_intercomm(1, comm, 0)
     with pytest.raises(NotImplementedError, match="MAXLOC on buffers"):
         comm.Allreduce(np.zeros(1), np.zeros(1), op=MPI.MAXLOC)
     with pytest.raises(TypeError, match="op must be an MPI.Op"):

@@ -37,11 +37,70 @@ def test_intercommunicator_calls_give_what_mpich_gives(ray_session, tmp_path):
     Reduce, allgather, allreduce, point-to-point (ANY_SOURCE too), Barrier and Merge (both
     orders), each rank's results beside MPICH's."""
     _run("spawn_calls.py", 2, tmp_path)
-    golden = PROGRAMS / "spawn_calls_mpich_n2"
-    names = sorted(p.name for p in golden.iterdir())
-    assert names == ["child0.txt", "child1.txt", "child2.txt", "parent0.txt", "parent1.txt"]
+    _same_as_mpich(tmp_path, "spawn_calls_mpich_n2",
+                   ["child0.txt", "child1.txt", "child2.txt", "parent0.txt", "parent1.txt"])
+
+
+def _same_as_mpich(out, golden_dir: str, names: list[str]) -> None:
+    """The files a run wrote to ``out`` are those MPICH's run wrote (``golden_dir``)."""
+    golden = PROGRAMS / golden_dir
+    assert sorted(p.name for p in golden.iterdir()) == names
     for name in names:
-        assert (tmp_path / name).read_text() == (golden / name).read_text(), name
+        assert (out / name).read_text() == (golden / name).read_text(), name
+
+
+def test_create_intercomm_gives_what_mpich_gives(ray_session, tmp_path):
+    """The world split into evens and odds, joined by ``Create_intercomm`` (leaders found
+    through COMM_WORLD): rooted collectives both ways, Bcast, allgather, allreduce,
+    point-to-point (ANY_SOURCE too), Barrier, a second intercommunicator of the same groups
+    with a message space of its own, and Merge (either group first; with both passing the
+    same ``high``, the group of world rank 0 first, as MPICH orders it), each rank's
+    results beside MPICH's."""
+    _run("intercomm_create.py", 5, tmp_path)
+    _same_as_mpich(tmp_path, "intercomm_create_mpich_n5",
+                   ["even0.txt", "even1.txt", "even2.txt", "odd0.txt", "odd1.txt"])
+
+
+def _overlapping_groups() -> str:
+    """{0, 1} and {1, 2} (world rank 1 in both), led by world ranks 0 and 2."""
+    from rayflow.hpc import MPI
+
+    world = MPI.COMM_WORLD
+    if world.Get_rank() == 1:
+        return "not called"
+    mine = world.Create_group(world.Get_group().Incl([0, 1] if world.Get_rank() == 0
+                                                     else [1, 2]))
+    try:
+        mine.Create_intercomm(mine.Get_rank(), world, 2 - world.Get_rank(), tag=1)
+    except ValueError as exc:
+        return str(exc)
+    return "no error"
+
+
+def _no_peer_comm() -> str:
+    """Evens and odds, both groups' leaders given no peer communicator."""
+    from rayflow.hpc import MPI
+
+    world = MPI.COMM_WORLD
+    half = world.Split(world.Get_rank() % 2, world.Get_rank())
+    try:
+        half.Create_intercomm(0, None, 1 - world.Get_rank() % 2)
+    except TypeError as exc:
+        return str(exc)
+    return "no error"
+
+
+def test_what_create_intercomm_refuses(ray_session):
+    """Groups that share a process: the leaders find it, naming the shared world ranks.
+    A peer communicator that is none: the leaders' error is raised on every rank of their
+    groups (none waits for the others)."""
+    from rayflow.hpc import run_mpi
+
+    got = [r.value for r in run_mpi(_overlapping_groups, 3, rank_num_cpus=0.25).ranks]
+    shared = "Create_intercomm: the two groups share processes (world ranks [1])"
+    assert got == [shared, "not called", shared]
+    got = [r.value for r in run_mpi(_no_peer_comm, 4, rank_num_cpus=0.25).ranks]
+    assert got == ["Create_intercomm: peer_comm must be an MPI.Comm, got None"] * 4
 
 
 def test_a_spawned_rank_that_fails_fails_the_run(ray_session, tmp_path):
