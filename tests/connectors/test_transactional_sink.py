@@ -437,3 +437,87 @@ def test_a_bounded_source_reads_to_the_end_of_what_an_exactly_once_job_wrote(
       .sink("out", rf.CollectSink()))
     got = r.run(timeout_s=60).collect("out")
     assert sorted(int(v) for v in got) == list(range(400))
+
+
+@pytest.mark.parametrize("client", ["kafka-python", "confluent"])
+def test_a_restores_read_back_takes_every_record_and_skips_an_empty_partition(
+        kafka_broker, new_topic, client):
+    """What a restored exactly-once writer reads back to find what is already there: every
+    header past the start, on a topic with one partition written and one empty. The empty
+    one is not read at all. Before, its position never came to its end, and every such
+    read waited for 20 empty polls (6 s) and then ended however far it had got."""
+    from rayflow.connectors.kafka.clients import (
+        _READ_COMMITTED,
+        _ConfluentConsumer,
+        _KPConsumer,
+    )
+    from rayflow.connectors.kafka.committer import EPOCH_HEADER
+
+    bs, topic = kafka_broker.bootstrap, new_topic(2)
+    from kafka import KafkaProducer
+
+    producer = KafkaProducer(bootstrap_servers=bs)
+    tags = [b"w:1:%d" % i for i in range(300)]
+    for tag in tags:
+        producer.send(topic, b"v", partition=0, headers=[(EPOCH_HEADER, tag)])
+    producer.flush()
+    producer.close()
+    scan = (_ConfluentConsumer if client == "confluent" else _KPConsumer)(
+        bs, None, dict(_READ_COMMITTED[client]))
+    ends = scan.end_offsets(topic)
+    assert ends[1] == 0 and ends[0] > 0  # (Tansu counts offsets per batch: not 300)
+    t0 = time.monotonic()
+    got = scan.scan_headers(topic, {0: 0, 1: 0}, EPOCH_HEADER)
+    took = time.monotonic() - t0
+    scan.close()
+    assert sorted(got) == sorted(tags)
+    assert took < 5.0, took  # (not 20 empty polls of 0.3 s)
+
+
+def test_a_restores_read_back_waits_through_a_stalled_broker():
+    """A broker that answers nothing for longer than 20 polls, then the records: the read
+    back goes on to the end of the topic, and raises if the end never comes. Before, 20
+    empty polls ended it with what it had, and the restore wrote again what it had not
+    seen: duplicates under exactly-once (seen once on a loaded machine)."""
+    from rayflow.connectors.kafka.clients import _ReadBack
+
+    class Stalled(_ReadBack):  # a consumer adapter over a broker that stalls
+        def __init__(self, stall_polls, records):
+            self.stall, self.records, self.pos = stall_polls, records, -1001
+
+        def partitions(self, topic):
+            return {0}
+
+        def watermarks(self, topic, parts):
+            return {0: 0}, {0: len(self.records)}
+
+        def assign_tps(self, offsets):
+            pass
+
+        def _headers(self, key):
+            if self.stall > 0:
+                self.stall -= 1
+                return None
+            got, self.records = self.records, []
+            self.pos = 0 if self.pos < 0 else self.pos
+            self.pos += len(got)
+            return got or None
+
+        def next_offsets(self, topic, parts):
+            return {0: self.pos}
+
+        def cluster_id(self):
+            return None
+
+    import rayflow.connectors.kafka.clients as clients
+
+    # the end as the scan sees it at its start: this adapter's own high watermark
+    orig = clients._high_watermarks
+    clients._high_watermarks = lambda c, topic, parts: c.watermarks(topic, parts)[1]
+    try:
+        recs = [b"w:1:%d" % i for i in range(50)]
+        assert Stalled(30, list(recs)).scan_headers("t", {0: 0}, "h") == recs
+        with pytest.raises(TimeoutError, match="reading topic 't' back"):
+            Stalled(10**9, list(recs)).scan_headers("t", {0: 0}, "h", timeout_s=0.2)
+    finally:
+        clients._high_watermarks = orig
