@@ -1282,11 +1282,8 @@ class Comm:
         ctx = ("intercomm", *sorted([mine, theirs]), tag)
         low_first = mine[0][0] < remote[0]
         joint = list(mine[0]) + remote if low_first else remote + list(mine[0])
-        return Intercomm(_comm.Communicator(c._t, [*remote, c._members[c.rank]], ctx,
-                                            attempt=c.attempt),
-                         c.rank, c.size,
-                         _comm.Communicator(c._t, joint, (ctx, "joint"), attempt=c.attempt),
-                         low_first)
+        return Intercomm.between(c._t, remote, c.rank, c.size, ctx, joint, low_first,
+                                 c.attempt)
 
     def Spawn(self, command: str, args: Sequence[str] | None = None,  # noqa: N802
               maxprocs: int = 1, info: Any = INFO_NULL, root: int = 0,
@@ -2117,14 +2114,29 @@ class Intercomm(Comm):
                  low_first: bool = True):
         super().__init__(base)
         self._local = (local_rank, local_size)
-        self._joint = joint  # both groups, parents first (Barrier, Merge)
+        self._joint = joint  # both groups (Barrier, Merge)
         self._low_first = low_first  # this group goes first in a Merge where both pass
-        #                              the same high (the parents' does)
+        #                              the same high (Spawn's parents; Create_intercomm's
+        #                              group holding the lower world rank)
         self._closers: list[Callable[[], None]] = []
         self._merge_seq = itertools.count()
         if base is not None:
             self._coll = Comm(_comm.Communicator(base._t, base._members, (base._ctx, "coll"),
                                                  attempt=base.attempt))
+
+    @classmethod
+    def between(cls, transport: Any, remote: list[int], local_rank: int, local_size: int,
+                ctx: Any, joint: list[int] | None = None, low_first: bool = True,
+                attempt: int = 0) -> Intercomm:
+        """The intercommunicator from this process (rank ``local_rank`` of its group of
+        ``local_size``) to the ``remote`` group's transport ranks, in message space
+        ``ctx``; ``joint`` lists both groups' transport ranks in order (None: every rank of
+        ``transport``)."""
+        return cls(_comm.Communicator(transport, [*remote, transport.rank], ctx,
+                                      attempt=attempt),
+                   local_rank, local_size,
+                   _comm.Communicator(transport, joint, (ctx, "joint"), attempt=attempt),
+                   low_first)
 
     def Get_rank(self) -> int:  # noqa: N802
         self._c  # noqa: B018 - (COMM_NULL or freed: an error)

@@ -130,12 +130,9 @@ def _child(world: Any, group: str, size: int, joint_rank: int, parents: int,
 def _intercomm(transport: Any, group: str, remote: list[int], local_rank: int,
                local_size: int, low_first: bool) -> Any:
     from rayflow.hpc import MPI
-    from rayflow.hpc.comm import Communicator
 
-    ctx = ("inter", group)
-    base = Communicator(transport, [*remote, transport.rank], ctx)
-    joint = Communicator(transport, None, (ctx, "joint"))
-    return MPI.Intercomm(base, local_rank, local_size, joint, low_first)
+    return MPI.Intercomm.between(transport, remote, local_rank, local_size, ("inter", group),
+                                 low_first=low_first)
 
 
 def spawn(comm: Any, command: str, args: Any, maxprocs: int, root: int,

@@ -350,9 +350,15 @@ class _TimeLogic(_StatefulLogic):
         except Exception as exc:  # noqa: BLE001 - user timestamp function
             return Output([], None, [self.dead(describe_exception(exc), items, "batch")])
         wm = self.watermark
-        # one backend read and write per window and batch (a dict state: none, in place,
-        # each key touched once)
-        direct, cache, unread = self.batch_cache(_MISSING)
+        if self._partials:
+            # a window's state is its partials: the batch's accumulators start afresh in a
+            # dict of the batch's own, none read (absent is None: created, as for a key a
+            # dict state lacks)
+            direct, cache, unread = None, {}, None
+        else:
+            # one backend read and write per window and batch (a dict state: none, in
+            # place, each key touched once)
+            direct, cache, unread = self.batch_cache(_MISSING)
         # the hot loop's lookups, hoisted
         key_fn, add, get = spec.key_fn, agg.add, cache.get
         read, create = state.get, agg.create
@@ -367,11 +373,6 @@ class _TimeLogic(_StatefulLogic):
         recs = rows(items)
         keys = _keys(key_fn, recs)
         if self._partials:
-            # a window's state is its partials: the batch's accumulators start afresh in a
-            # dict of the batch's own (not a dict state's), none read (absent is None:
-            # created, as for a key a dict state lacks)
-            direct, cache, unread = None, {}, None
-            get = cache.get
             window = _one_open_window(windows_of, wm)
             if window is not None:  # the usual batch: no window loop per record
                 self._add_in_one_window(recs, keys, window, dead)
