@@ -437,3 +437,152 @@ def test_a_bounded_source_reads_to_the_end_of_what_an_exactly_once_job_wrote(
       .sink("out", rf.CollectSink()))
     got = r.run(timeout_s=60).collect("out")
     assert sorted(int(v) for v in got) == list(range(400))
+
+
+@pytest.mark.parametrize("client", ["kafka-python", "confluent"])
+def test_a_restores_read_back_takes_every_record_and_skips_an_empty_partition(
+        kafka_broker, new_topic, client):
+    """What a restored exactly-once writer reads back to find what is already there: every
+    header past the start, on a topic with one partition written and one empty. The empty
+    one is not read at all. Before, its position never came to its end, and every such
+    read waited for 20 empty polls (6 s) and then ended however far it had got."""
+    from rayflow.connectors.kafka.clients import (
+        _READ_COMMITTED,
+        _ConfluentConsumer,
+        _KPConsumer,
+    )
+    from rayflow.connectors.kafka.committer import EPOCH_HEADER
+
+    bs, topic = kafka_broker.bootstrap, new_topic(2)
+    from kafka import KafkaProducer
+
+    producer = KafkaProducer(bootstrap_servers=bs)
+    tags = [b"w:1:%d" % i for i in range(300)]
+    for tag in tags:
+        producer.send(topic, b"v", partition=0, headers=[(EPOCH_HEADER, tag)])
+    producer.flush()
+    producer.close()
+    scan = (_ConfluentConsumer if client == "confluent" else _KPConsumer)(
+        bs, None, dict(_READ_COMMITTED[client]))
+    ends = scan.end_offsets(topic)
+    assert ends[1] == 0 and ends[0] > 0  # (Tansu counts offsets per batch: not 300)
+    t0 = time.monotonic()
+    got = scan.scan_headers(topic, {0: 0, 1: 0}, EPOCH_HEADER)
+    took = time.monotonic() - t0
+    scan.close()
+    assert sorted(got) == sorted(tags)
+    assert took < 5.0, took  # (not 20 empty polls of 0.3 s)
+
+
+def test_a_restores_read_back_waits_through_a_stalled_broker():
+    """A broker that answers nothing for longer than 20 polls, then the records: the read
+    back goes on to the end of the topic, and raises if the end never comes. Before, 20
+    empty polls ended it with what it had, and the restore wrote again what it had not
+    seen: duplicates under exactly-once (seen once on a loaded machine)."""
+    from rayflow.connectors.kafka.clients import _ReadBack
+
+    class Stalled(_ReadBack):  # a consumer adapter over a broker that stalls
+        def __init__(self, stall_polls, records):
+            self.stall, self.records, self.pos = stall_polls, records, -1001
+
+        def partitions(self, topic):
+            return {0}
+
+        def watermarks(self, topic, parts):
+            return {0: 0}, {0: len(self.records)}
+
+        def assign_tps(self, offsets):
+            pass
+
+        def _headers(self, key):
+            if self.stall > 0:
+                self.stall -= 1
+                return None
+            got, self.records = self.records, []
+            self.pos = 0 if self.pos < 0 else self.pos
+            self.pos += len(got)
+            return got or None
+
+        def next_offsets(self, topic, parts):
+            return {0: self.pos}
+
+        def log_end_offsets(self, topic, parts=None):
+            return self.watermarks(topic, parts)[1]
+
+        def cluster_id(self):
+            return None
+
+    recs = [b"w:1:%d" % i for i in range(50)]
+    assert Stalled(30, list(recs)).scan_headers("t", {0: 0}, "h") == recs
+    with pytest.raises(TimeoutError, match="reading topic 't' back"):
+        Stalled(10**9, list(recs)).scan_headers("t", {0: 0}, "h", timeout_s=0.2)
+
+
+_DIES_IN_A_TRANSACTION = r"""
+import os, sys
+from confluent_kafka import Producer
+bootstrap, topic, txn = sys.argv[1:]
+p = Producer({"bootstrap.servers": bootstrap, "transactional.id": txn})
+p.init_transactions(30)
+p.begin_transaction()
+for i in range(5):
+    p.produce(topic, value=b"dead", partition=0)
+p.flush(30)
+os._exit(0)  # inside its transaction: it stays open until the id is fenced
+"""
+
+
+def test_a_restores_read_back_waits_for_a_transaction_left_open(kafka_broker, new_topic):
+    """The cause of a duplicated epoch after a sink died inside its transaction: the
+    other instance committed its epoch after the open transaction, and its restore read
+    the topic back before the dead one's successor fenced it. Under read_committed the
+    open transaction hides everything after it, and the broker's end under
+    read_committed is 0 (Tansu), so the read-back saw nothing, and the restore wrote the
+    whole epoch again. The read-back now ends at the end past open transactions, and so
+    waits for the fence however long it takes (here 7 s; 20 empty polls, 6 s, ended it
+    before), with either client."""
+    import subprocess
+    import sys
+
+    from confluent_kafka import Producer
+
+    from rayflow.connectors.kafka.clients import (
+        _READ_COMMITTED,
+        _ConfluentConsumer,
+        _KPConsumer,
+    )
+
+    bs, topic = kafka_broker.bootstrap, new_topic(1)
+    subprocess.run([sys.executable, "-c", _DIES_IN_A_TRANSACTION, bs, topic, "dead-1"],
+                   check=True, timeout=60)
+    live = Producer({"bootstrap.servers": bs, "transactional.id": "live-1"})
+    live.init_transactions(30)
+    live.begin_transaction()
+    tags = [b"live:1:%d" % i for i in range(7)]
+    for tag in tags:
+        live.produce(topic, value=b"v", partition=0, headers=[(EPOCH_HEADER, tag)])
+    live.commit_transaction(30)
+
+    scans = {c: cls(bs, None, dict(_READ_COMMITTED[c])) for c, cls in
+             (("confluent", _ConfluentConsumer), ("kafka-python", _KPConsumer))}
+    ends = scans["confluent"]
+    assert ends.end_offsets(topic) == {0: 0}  # the last stable offset: the open one's start
+    assert ends.log_end_offsets(topic)[0] > 0  # past it
+    got: dict = {}
+
+    def scan(client):
+        got[client] = scans[client].scan_headers(topic, {0: 0}, EPOCH_HEADER)
+
+    threads = [threading.Thread(target=scan, args=(c,)) for c in scans]
+    for t in threads:
+        t.start()
+    time.sleep(7.0)
+    assert got == {}  # both wait for the end
+    successor = Producer({"bootstrap.servers": bs, "transactional.id": "dead-1"})
+    successor.init_transactions(30)  # fences (aborts) the dead one's transaction
+    for t in threads:
+        t.join(30)
+    for scan_ in scans.values():
+        scan_.close()
+    assert {c: sorted(t for t in tags_ if t.startswith(b"live:")) for c, tags_ in got.items()
+            } == {"confluent": sorted(tags), "kafka-python": sorted(tags)}

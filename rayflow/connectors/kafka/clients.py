@@ -7,7 +7,7 @@ from __future__ import annotations
 import abc
 import time
 from collections.abc import Iterable
-from typing import Literal
+from typing import Any, Literal
 
 Start = Literal["earliest", "latest", "committed"]
 Client = Literal["confluent", "kafka-python"]
@@ -65,11 +65,19 @@ def connection_options(options: dict) -> dict:
 
 _READ_COMMITTED = {"kafka-python": {"isolation_level": "read_committed"},
                    "confluent": {"isolation.level": "read_committed"}}
+_READ_UNCOMMITTED = {"kafka-python": {"isolation_level": "read_uncommitted"},
+                     "confluent": {"isolation.level": "read_uncommitted"}}
 
 
 class _ReadBack(abc.ABC):
     """Reading a topic back (an exactly-once sink's restore), over a consumer adapter's
     ``partitions``, ``watermarks``, ``assign_tps`` and its ``_headers``/``next_offsets``."""
+
+    client: Client
+    bootstrap: str
+    options: dict
+    consumer: Any
+    _log_ends: _ReadBack | None = None  # a read_uncommitted twin, for log_end_offsets
 
     @abc.abstractmethod
     def partitions(self, topic: str) -> set[int]:
@@ -96,6 +104,29 @@ class _ReadBack(abc.ABC):
     def cluster_id(self) -> str | None:
         """The cluster id the broker reports in its metadata."""
 
+    def log_end_offsets(self, topic: str, parts: Iterable[int] | None = None
+                        ) -> dict[int, int]:
+        """Each partition's end past open transactions: where the next record written
+        lands, at the earliest. It is the high watermark under ``read_uncommitted``,
+        whatever this consumer's isolation level; under ``read_committed`` a broker answers
+        the last stable offset, which stops before the first record of any transaction
+        still open (Tansu 0.x answers 0 while one is open). librdkafka's default level is
+        ``read_committed``: the twin that asks says ``read_uncommitted`` in so many words."""
+        if parts is None:
+            parts = self.partitions(topic)
+            if not parts:
+                raise ValueError(f"Kafka topic {topic!r} does not exist or has no partitions")
+        if self._log_ends is None:
+            options = {k: v for k, v in self.options.items() if "isolation" not in k}
+            self._log_ends = type(self)(self.bootstrap, None,  # type: ignore[call-arg]
+                                        {**options, **_READ_UNCOMMITTED[self.client]})
+        return self._log_ends.watermarks(topic, sorted(parts))[1]
+
+    def close(self) -> None:
+        if self._log_ends is not None:
+            self._log_ends.close()
+        self.consumer.close()
+
     def end_offsets(self, topic) -> dict[int, int]:
         parts = self.partitions(topic)
         if not parts:
@@ -105,24 +136,34 @@ class _ReadBack(abc.ABC):
     def scan_headers(self, topic, start: dict[int, int], key: str,
                      timeout_s: float = 60.0) -> list[bytes]:
         """Values of header ``key`` of every record from ``start`` to the end (as this
-        consumer's isolation level shows them)."""
-        if not start:
+        consumer's isolation level shows them), the end being each partition's
+        :meth:`log_end_offsets` when the scan starts. A partition with nothing past its
+        start is not read. The scan ends at the end, never before: an exactly-once sink's
+        restore writes again what it does not find, so a scan cut short would duplicate
+        records. Under ``read_committed`` a transaction another producer holds open keeps
+        the end out of reach until it ends (a sink instance that died inside one: until its
+        successor fences it); past ``timeout_s`` the scan raises ``TimeoutError``."""
+        target = self.log_end_offsets(topic, start) if start else {}
+        todo = {p: off for p, off in start.items() if target.get(p, 0) > off}
+        if not todo:
             return []
-        target = _high_watermarks(self, topic, start)
-        self.assign_tps({(topic, p): off for p, off in start.items()})
+        self.assign_tps({(topic, p): off for p, off in todo.items()})
         out: list[bytes] = []
         idle, deadline = 0, time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             got = self._headers(key)
             idle = 0 if got is not None else idle + 1
             out.extend(got or ())
-            at_end = all(o >= target[p] for p, o in self.next_offsets(topic, start).items())
-            if idle >= 2 and (at_end or idle >= 20):
+            at_end = all(o >= target[p] for p, o in self.next_offsets(topic, todo).items())
+            if idle >= 2 and at_end:
                 return out
-        raise TimeoutError(f"reading topic {topic!r} back took over {timeout_s:.0f} s")
+        raise TimeoutError(f"reading topic {topic!r} back took over {timeout_s:.0f} s "
+                           f"(at {self.next_offsets(topic, todo)} of {target})")
 
 
 class _KPConsumer(_ReadBack):
+    client = "kafka-python"
+
     def __init__(self, bootstrap: str, group_id: str | None, options: dict):
         from kafka import KafkaConsumer
 
@@ -215,11 +256,11 @@ class _KPConsumer(_ReadBack):
         return [(tp.topic, tp.partition, r.offset) for tp, recs in self._got.items()
                 for r in recs]
 
-    def close(self):
-        self.consumer.close()
 
 
 class _ConfluentConsumer(_ReadBack):
+    client = "confluent"
+
     def __init__(self, bootstrap: str, group_id: str | None, options: dict):
         from confluent_kafka import Consumer
 
@@ -319,8 +360,6 @@ class _ConfluentConsumer(_ReadBack):
     def positions_tps(self) -> list[tuple[str, int, int]]:
         return [(m.topic(), m.partition(), m.offset()) for m in self._msgs]
 
-    def close(self):
-        self.consumer.close()
 
 
 class _KPProducer:
@@ -414,13 +453,3 @@ class _ConfluentProducer:
 
     def close(self):
         self.producer.flush()
-
-
-def _high_watermarks(consumer, topic: str, parts) -> dict[int, int]:
-    """The partitions' high watermarks, also past open transactions (read_uncommitted)."""
-    opts = {k: v for k, v in consumer.options.items() if "isolation" not in k}
-    probe = type(consumer)(consumer.bootstrap, None, opts)
-    try:
-        return probe.watermarks(topic, sorted(parts))[1]
-    finally:
-        probe.close()

@@ -186,7 +186,9 @@ class _TransactionalWriter(_KafkaWriter):
         # it starts, and fences the predecessor, while the job starts: the first commit
         # (or the restore below) waits for that
         super().__init__(spec, ctx, self._new_committer())
-        self.low = scanner.end_offsets(spec.topic)  # our next records land at or after this
+        # our next records land at or after this (an end past open transactions: the end
+        # a read_committed consumer sees stops before them, at 0 on Tansu)
+        self.low = scanner.log_end_offsets(spec.topic)
         if resume_state and resume_state.pending:
             self.pending = dict(resume_state.pending)
             self._recommit()
@@ -239,7 +241,7 @@ class _TransactionalWriter(_KafkaWriter):
             self._committing = True
         try:
             # later epochs land after what is on the topic now (a restore reads from there)
-            self.low = self.scanner.end_offsets(self.spec.topic)
+            self.low = self.scanner.log_end_offsets(self.spec.topic)
             try:
                 self._send(ready, set())
             except CommitProcessDied as exc:
