@@ -146,7 +146,7 @@ class _KafkaReader(SourceReader):
     ``(topic, partition)`` (by partition alone for a single ``topic``, as before)."""
 
     def __init__(self, spec: KafkaSource, ctx: StepContext, consumer, resume_state):
-        self.spec, self.c = spec, consumer
+        self.spec, self.c, self.ctx = spec, consumer, ctx
         self.topic_list = _topic_names(spec, consumer)
         every: list[tuple[str, int]] = []
         for t in self.topic_list:
@@ -169,6 +169,8 @@ class _KafkaReader(SourceReader):
                     b, e = consumer.watermarks(t, mine)
                     begin.update({(t, p): o for p, o in b.items()})
                     end.update({(t, p): o for p, o in e.items()})
+            if spec.bounded:
+                self._warn_of_open_transactions(end)
             if spec.bounded or spec.start == "latest":
                 end = self._true_end(begin, end)
             if resume_state:
@@ -200,6 +202,29 @@ class _KafkaReader(SourceReader):
             raise ValueError(f"KafkaSource({self.spec.name}): the checkpoint keys offsets by "
                              f"partition only; it was taken from a single-topic source")
         return (self.topic_list[0], int(key))
+
+    def _warn_of_open_transactions(self, end: dict) -> None:
+        """Say where a bounded read stops short of a partition's end because a transaction
+        is open there. Under ``read_committed`` (librdkafka's default) the end the broker
+        gives is the last stable offset, before the first record of any transaction still
+        open: the read stops there, as Kafka's semantics have it, and on Tansu, which gives
+        0 while a transaction is open, it reads nothing of that partition."""
+        short: dict[tuple[str, int], tuple[int, int]] = {}
+        for t in self.topic_list:
+            mine = [p for tt, p in self.partitions if tt == t]
+            if mine:
+                for p, log_end in self.c.log_end_offsets(t, mine).items():
+                    if log_end > end[(t, p)]:
+                        short[(t, p)] = (end[(t, p)], log_end)
+        if short:
+            where = ", ".join(f"{t}[{p}]: stops at {a}, the log ends at {b}"
+                              for (t, p), (a, b) in sorted(short.items()))
+            log.warning("KafkaSource(%s) %s/%s: a transaction is open where this bounded "
+                        "read_committed read ends, so it reads no record at or after the "
+                        "open transaction's first one (%s; Tansu gives 0 while one is "
+                        "open). Read the topic once its writers' transactions ended, or "
+                        "with isolation.level=read_uncommitted", self.spec.name,
+                        self.ctx.step_id, self.ctx.instance, where)
 
     def _true_end(self, begin: dict, end: dict) -> dict:
         """End offsets, confirmed by reading the last record batch of each partition.
