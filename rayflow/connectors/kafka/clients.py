@@ -122,6 +122,13 @@ class _ReadBack(abc.ABC):
                                         {**options, **_READ_UNCOMMITTED[self.client]})
         return self._log_ends.watermarks(topic, sorted(parts))[1]
 
+    def reads_committed(self) -> bool:
+        """Whether this consumer reads under ``read_committed``: librdkafka's default, not
+        kafka-python's."""
+        name = "isolation.level" if self.client == "confluent" else "isolation_level"
+        default = "read_committed" if self.client == "confluent" else "read_uncommitted"
+        return self.options.get(name, default) == "read_committed"
+
     def close(self) -> None:
         if self._log_ends is not None:
             self._log_ends.close()
@@ -257,7 +264,6 @@ class _KPConsumer(_ReadBack):
                 for r in recs]
 
 
-
 class _ConfluentConsumer(_ReadBack):
     client = "confluent"
 
@@ -359,7 +365,6 @@ class _ConfluentConsumer(_ReadBack):
 
     def positions_tps(self) -> list[tuple[str, int, int]]:
         return [(m.topic(), m.partition(), m.offset()) for m in self._msgs]
-
 
 
 class _KPProducer:

@@ -169,7 +169,7 @@ class _KafkaReader(SourceReader):
                     b, e = consumer.watermarks(t, mine)
                     begin.update({(t, p): o for p, o in b.items()})
                     end.update({(t, p): o for p, o in e.items()})
-            if spec.bounded:
+            if spec.bounded and consumer.reads_committed():
                 self._warn_of_open_transactions(end)
             if spec.bounded or spec.start == "latest":
                 end = self._true_end(begin, end)
