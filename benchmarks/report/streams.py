@@ -476,7 +476,10 @@ def _w7(doc: dict, ctx: _Ctx) -> list[str]:
              "network stack and serialization in the path). The CPU counted is that of the "
              "driver and the job's workers (its actors' processes and theirs), not of Ray's "
              "raylet, GCS, object store, agents or the idle workers Ray keeps in its pool, nor "
-             "that of the meter's own sampling thread in the driver.", ""]
+             "that of the meter's own sampling thread in the driver."
+             + (f" Figures are medians of {doc['runs_per_config']} interleaved rounds (each "
+                "round runs the plain loop and every configuration of the query once)."
+                if doc.get("runs_per_config") else ""), ""]
 
     def start_up(r: dict) -> float | None:  # median over the runs, when they say
         ts = sorted(x["start_s"] for x in r.get("runs") or () if isinstance(x, dict)
