@@ -155,3 +155,30 @@ class CrashDuringCommit(SinkSpec):
 
             committer.transaction = die_before_commit
         return writer
+
+
+_DIES_IN_A_TRANSACTION = r"""
+import os, sys
+from confluent_kafka import Producer
+bootstrap, topic, txn, partition, n = sys.argv[1:]
+p = Producer({"bootstrap.servers": bootstrap, "transactional.id": txn})
+p.init_transactions(30)
+p.begin_transaction()
+for i in range(int(n)):
+    p.produce(topic, value=b"open-%d" % i, partition=int(partition))
+p.flush(30)
+os._exit(0)  # inside its transaction, as a machine failure would end it
+"""
+
+
+def leave_transaction_open(bootstrap: str, topic: str, transactional_id: str,
+                           records: int = 5, partition: int = 0) -> None:
+    """A producer that dies inside its transaction: ``records`` records (``b"open-<i>"``)
+    reach ``partition`` of ``topic``, and the transaction stays open until a producer with
+    ``transactional_id`` starts and fences it (what a sink that died mid-commit leaves
+    behind). The producer runs, and dies, in a process of its own."""
+    import subprocess
+    import sys
+
+    subprocess.run([sys.executable, "-c", _DIES_IN_A_TRANSACTION, bootstrap, topic,
+                    transactional_id, str(partition), str(records)], check=True, timeout=60)

@@ -518,20 +518,6 @@ def test_a_restores_read_back_waits_through_a_stalled_broker():
         Stalled(10**9, list(recs)).scan_headers("t", {0: 0}, "h", timeout_s=0.2)
 
 
-_DIES_IN_A_TRANSACTION = r"""
-import os, sys
-from confluent_kafka import Producer
-bootstrap, topic, txn = sys.argv[1:]
-p = Producer({"bootstrap.servers": bootstrap, "transactional.id": txn})
-p.init_transactions(30)
-p.begin_transaction()
-for i in range(5):
-    p.produce(topic, value=b"dead", partition=0)
-p.flush(30)
-os._exit(0)  # inside its transaction: it stays open until the id is fenced
-"""
-
-
 def test_a_restores_read_back_waits_for_a_transaction_left_open(kafka_broker, new_topic):
     """The cause of a duplicated epoch after a sink died inside its transaction: the
     other instance committed its epoch after the open transaction, and its restore read
@@ -541,9 +527,6 @@ def test_a_restores_read_back_waits_for_a_transaction_left_open(kafka_broker, ne
     whole epoch again. The read-back now ends at the end past open transactions, and so
     waits for the fence however long it takes (here 7 s; 20 empty polls, 6 s, ended it
     before), with either client."""
-    import subprocess
-    import sys
-
     from confluent_kafka import Producer
 
     from rayflow.connectors.kafka.clients import (
@@ -551,10 +534,10 @@ def test_a_restores_read_back_waits_for_a_transaction_left_open(kafka_broker, ne
         _ConfluentConsumer,
         _KPConsumer,
     )
+    from rayflow.testing import leave_transaction_open
 
     bs, topic = kafka_broker.bootstrap, new_topic(1)
-    subprocess.run([sys.executable, "-c", _DIES_IN_A_TRANSACTION, bs, topic, "dead-1"],
-                   check=True, timeout=60)
+    leave_transaction_open(bs, topic, "dead-1")
     live = Producer({"bootstrap.servers": bs, "transactional.id": "live-1"})
     live.init_transactions(30)
     live.begin_transaction()
