@@ -478,7 +478,7 @@ def test_a_restores_read_back_waits_through_a_stalled_broker():
     """A broker that answers nothing for longer than 20 polls, then the records: the read
     back goes on to the end of the topic, and raises if the end never comes. Before, 20
     empty polls ended it with what it had, and the restore wrote again what it had not
-    seen: duplicates under exactly-once (seen once on a loaded machine)."""
+    seen: duplicates under exactly-once."""
     from rayflow.connectors.kafka.clients import _ReadBack
 
     class Stalled(_ReadBack):  # a consumer adapter over a broker that stalls
@@ -537,8 +537,9 @@ def test_a_restores_read_back_waits_for_a_transaction_left_open(kafka_broker, ne
     from rayflow.testing import leave_transaction_open
 
     bs, topic = kafka_broker.bootstrap, new_topic(1)
-    leave_transaction_open(bs, topic, "dead-1")
-    live = Producer({"bootstrap.servers": bs, "transactional.id": "live-1"})
+    dead, live_id = f"dead-{topic}", f"live-{topic}"  # (ids of their own: the broker lives on)
+    leave_transaction_open(bs, topic, dead)
+    live = Producer({"bootstrap.servers": bs, "transactional.id": live_id})
     live.init_transactions(30)
     live.begin_transaction()
     tags = [b"live:1:%d" % i for i in range(7)]
@@ -561,7 +562,7 @@ def test_a_restores_read_back_waits_for_a_transaction_left_open(kafka_broker, ne
         t.start()
     time.sleep(7.0)
     assert got == {}  # both wait for the end
-    successor = Producer({"bootstrap.servers": bs, "transactional.id": "dead-1"})
+    successor = Producer({"bootstrap.servers": bs, "transactional.id": dead})
     successor.init_transactions(30)  # fences (aborts) the dead one's transaction
     for t in threads:
         t.join(30)
