@@ -9,6 +9,18 @@ from rayflow.connectors.kafka import KafkaSource, clients, produce
 from rayflow.core.operators import StepContext
 
 
+def _read_to_the_end(reader, polls: int) -> list:
+    """What a bounded reader gives until it is exhausted (at most ``polls`` polls)."""
+    got = []
+    for _ in range(polls):
+        batch = reader.poll(1000, 0.2)
+        if batch is not None:
+            got.extend(batch[0])
+        if reader.exhausted:
+            break
+    return got
+
+
 @pytest.mark.parametrize("client", ["confluent", "kafka-python"])
 def test_a_slow_fetch_does_not_cut_the_end_short(kafka_broker, new_topic, monkeypatch, client):
     bs = kafka_broker.bootstrap
@@ -29,13 +41,7 @@ def test_a_slow_fetch_does_not_cut_the_end_short(kafka_broker, new_topic, monkey
     try:
         assert slow["left"] == 0
         assert reader.end == {(topic, 0): 30}
-        got = []
-        for _ in range(50):
-            batch = reader.poll(1000, 0.2)
-            if batch is not None:
-                got.extend(batch[0])
-            if reader.exhausted:
-                break
+        got = _read_to_the_end(reader, polls=50)
         assert sorted(got) == sorted(b"v%d" % i for i in range(30))
     finally:
         reader.close()
@@ -60,13 +66,7 @@ def test_a_bounded_read_says_where_an_open_transaction_stops_it(kafka_broker, ne
     reader = KafkaSource(topic, bootstrap=bs, bounded=True, client="confluent",
                          options={"isolation.level": isolation}).build(StepContext("src", 0, 1))
     try:
-        got = []
-        for _ in range(100):
-            batch = reader.poll(1000, 0.2)
-            if batch is not None:
-                got.extend(batch[0])
-            if reader.exhausted:
-                break
+        got = _read_to_the_end(reader, polls=100)
     finally:
         reader.close()
     warned = [r.getMessage() for r in caplog.records if "transaction is open" in r.getMessage()]

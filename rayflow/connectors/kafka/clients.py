@@ -134,12 +134,6 @@ class _ReadBack(abc.ABC):
             self._log_ends.close()
         self.consumer.close()
 
-    def end_offsets(self, topic) -> dict[int, int]:
-        parts = self.partitions(topic)
-        if not parts:
-            raise ValueError(f"Kafka topic {topic!r} does not exist or has no partitions")
-        return self.watermarks(topic, sorted(parts))[1]
-
     def scan_headers(self, topic, start: dict[int, int], key: str,
                      timeout_s: float = 60.0) -> list[bytes]:
         """Values of header ``key`` of every record from ``start`` to the end (as this

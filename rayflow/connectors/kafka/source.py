@@ -156,6 +156,10 @@ class _KafkaReader(SourceReader):
             every.extend((t, p) for p in sorted(parts))
         self.partitions = [tp for j, tp in enumerate(every)
                            if j % ctx.parallelism == ctx.instance]
+        # this instance's partitions of each topic that has any
+        self._mine: dict[str, list[int]] = {}
+        for t, p in self.partitions:
+            self._mine.setdefault(t, []).append(p)
         if isinstance(resume_state, Rescaled):  # offsets of every old instance: keep ours
             merged = {self._tp(k): o for h in resume_state.handles if h for k, o in h.items()}
             resume_state = {tp: o for tp, o in merged.items() if tp in self.partitions}
@@ -163,12 +167,10 @@ class _KafkaReader(SourceReader):
         self._keep: list[int] | None = None
         if self.partitions:
             begin, end = {}, {}
-            for t in self.topic_list:
-                mine = [p for tt, p in self.partitions if tt == t]
-                if mine:
-                    b, e = consumer.watermarks(t, mine)
-                    begin.update({(t, p): o for p, o in b.items()})
-                    end.update({(t, p): o for p, o in e.items()})
+            for t, mine in self._mine.items():
+                b, e = consumer.watermarks(t, mine)
+                begin.update({(t, p): o for p, o in b.items()})
+                end.update({(t, p): o for p, o in e.items()})
             if spec.bounded and consumer.reads_committed():
                 self._warn_of_open_transactions(end)
             if spec.bounded or spec.start == "latest":
@@ -179,11 +181,9 @@ class _KafkaReader(SourceReader):
                 start = end
             elif spec.start == "committed":
                 start = {}
-                for t in self.topic_list:
-                    mine = [p for tt, p in self.partitions if tt == t]
-                    if mine:
-                        got = consumer.committed(t, mine)
-                        start.update({(t, p): o for p, o in got.items() if o is not None})
+                for t, mine in self._mine.items():
+                    got = consumer.committed(t, mine)
+                    start.update({(t, p): o for p, o in got.items() if o is not None})
             else:
                 start = begin
             self.next = {tp: start.get(tp, begin[tp]) for tp in self.partitions}
@@ -210,12 +210,10 @@ class _KafkaReader(SourceReader):
         open: the read stops there, as Kafka's semantics have it, and on Tansu, which gives
         0 while a transaction is open, it reads nothing of that partition."""
         short: dict[tuple[str, int], tuple[int, int]] = {}
-        for t in self.topic_list:
-            mine = [p for tt, p in self.partitions if tt == t]
-            if mine:
-                for p, log_end in self.c.log_end_offsets(t, mine).items():
-                    if log_end > end[(t, p)]:
-                        short[(t, p)] = (end[(t, p)], log_end)
+        for t, mine in self._mine.items():
+            for p, log_end in self.c.log_end_offsets(t, mine).items():
+                if log_end > end[(t, p)]:
+                    short[(t, p)] = (end[(t, p)], log_end)
         if short:
             where = ", ".join(f"{t}[{p}]: stops at {a}, the log ends at {b}"
                               for (t, p), (a, b) in sorted(short.items()))
