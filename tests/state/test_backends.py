@@ -312,7 +312,7 @@ def test_partials_merge_in_order_through_snapshots_and_rescales(tmp_path, monkey
     """Partials added to namespaces (keys that are each other's prefix as text, tuples,
     numbers; on RocksDB a cache that holds none, some or all of them, and scans that read
     them a few at a time, so that a chunk ends inside a key's partials, at a namespace's
-    end and past it, or all at once) come back from ``take_partials``
+    end and past it, or all at once, and writes split into entries of two keys) come back from ``take_partials``
     as one value per key, merged in the order they were added (list concatenation, which
     order changes), as a plain dict of lists says; ``read_partials`` returns the same and
     leaves them; ``drop_partials`` removes one key's; a dict state's namespace changed in
@@ -331,6 +331,8 @@ def test_partials_merge_in_order_through_snapshots_and_rescales(tmp_path, monkey
     if kind == "rocksdb":
         pytest.importorskip("rocksdict")
         monkeypatch.setattr(backends, "_SCAN_CHUNK", scan_chunk)
+        if scan_chunk == 2:  # and a write of more than two keys split into several entries
+            monkeypatch.setattr(backends, "_BLOB_KEYS", 2)
         be = RocksDBBackend(str(tmp_path), cache_entries=cache_entries)
     else:
         be = backend_from_name(kind, str(tmp_path))
@@ -459,4 +461,40 @@ def test_rocksdb_partials_keep_their_order_when_a_restore_runs_on_a_clock_behind
     rescaled.add_partials("w", {"k": [3]}, operator.add)
     assert rescaled.take_partials("w", operator.add) == [("k", [1, 3])]
     for st in (s, restored, rescaled):
+        st.close()
+
+
+def test_rocksdb_partials_of_an_entry_per_key_snapshot_are_read_in_order(tmp_path):
+    """A snapshot of the version that wrote an entry per key and partial (``ns | key |
+    seq``) restores as it was: each key's partials in the order written, those added after
+    the restore after them, and a dropped key gone."""
+    pytest.importorskip("rocksdict")
+    import operator
+    import pickle
+
+    from rayflow.state import backends
+
+    be = RocksDBBackend(str(tmp_path), cache_entries=0)
+    old = be.open("step", 0, "job")
+    old.put("plain", 42)
+    seq = 10**18
+    for ns in ("w", ("w", 2)):
+        for k, v in (("a", [1]), ("ab", [2]), ("a", [3]), (("t", 1), [4]), ("ab", [5])):
+            seq += 1
+            old.db[backends._ns_prefix(ns) + pickle.dumps(k) + seq.to_bytes(8, "big")] = v
+    old.db[backends._SEQ_KEY] = seq
+    h = old.snapshot(1)
+    old.close()
+    s = be.open("step", 0, "job", h)
+    assert s.get("plain") == 42
+    s.add_partials("w", {"a": [6]}, operator.add)
+    s.drop_partials(("w", 2), "ab")
+    want = {"a": [1, 3, 6], "ab": [2, 5], ("t", 1): [4]}
+    assert dict(s.read_partials("w", operator.add)) == want
+    rescaled = be.open("step", 1, "job")  # and through items() into another state
+    for k, v in s.items():
+        rescaled.put(k, v)
+    for st in (s, rescaled):
+        assert dict(st.take_partials("w", operator.add)) == want
+        assert dict(st.take_partials(("w", 2), operator.add)) == {"a": [1, 3], ("t", 1): [4]}
         st.close()
