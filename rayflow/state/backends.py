@@ -576,11 +576,11 @@ class _RocksState(KeyValueState):
     order, and deletes them with one range tombstone. A window's state then costs
     one pickle and one write per batch, and a sequential read when it fires, not a random
     read, write and delete per key, nor a write and a key's pickle per key and batch
-    (measured on the 2-core VM, a tumbling-window count over a million keys: 335k records/s
-    with an entry per key and batch, 647k with one per batch). A key put back alone (a
-    rescale) is an entry ``ns | seq | K | key``, and a key whose partials were dropped
-    (its time to live ran out) leaves ``ns | seq | D | key``, which a scan reads as "none
-    before this". Up to ``cache_entries`` partials are merged in memory first, and
+    (measured on the 2-core VM, a tumbling-window count over a million keys: 343k records/s
+    with an entry per key and batch, 741k with one per batch, medians of 3). A key put back
+    alone (a rescale) is an entry ``ns | seq | K | key``, and a key whose partials were
+    dropped (its time to live ran out) leaves ``ns | seq | D | key``, which a scan reads
+    as "none before this". Up to ``cache_entries`` partials are merged in memory first, and
     written out with the other writes (a hot key adds one partial per snapshot, not one per
     batch). A namespace that has had ``FOLD_AT`` partials written, and twice as many as it
     held after its last fold, is folded (each key's partials merged into one), as RocksDB's
