@@ -312,13 +312,13 @@ def test_partials_merge_in_order_through_snapshots_and_rescales(tmp_path, monkey
     """Partials added to namespaces (keys that are each other's prefix as text, tuples,
     numbers; on RocksDB a cache that holds none, some or all of them, and scans that read
     them a few at a time, so that a chunk ends inside a key's partials, at a namespace's
-    end and past it, or all at once, and writes split into entries of two keys) come back from ``take_partials``
-    as one value per key, merged in the order they were added (list concatenation, which
-    order changes), as a plain dict of lists says; ``read_partials`` returns the same and
-    leaves them; ``drop_partials`` removes one key's; a dict state's namespace changed in
-    place (``live_partials``) keeps the change; a snapshot (on memory an incremental one,
-    on top of the restored one) restores them, and ``items``/``put`` carry them to another
-    state (a rescale). A namespace taken is gone, from RocksDB too."""
+    end and past it, or all at once, and writes split into entries of two keys) come back
+    from ``take_partials`` as one value per key, merged in the order they were added (list
+    concatenation, which order changes), as a plain dict of lists says; ``read_partials``
+    returns the same and leaves them; ``drop_partials`` removes one key's; a dict state's
+    namespace changed in place (``live_partials``) keeps the change; a snapshot (on memory
+    an incremental one, on top of the restored one) restores them, and ``items``/``put``
+    carry them to another state (a rescale). A namespace taken is gone, from RocksDB too."""
     import operator
     import pickle
     import random
