@@ -713,17 +713,19 @@ class _RocksState(KeyValueState):
         """Merge each key's partials of ``ns`` in RocksDB into one (the namespace's range
         deleted, then written again, after it: the same values, fewer entries)."""
         prefix, merge = _ns_prefix(ns), self._merges[ns]
-        merged = self._scan(prefix, merge)
+        merged, _ = self._scan(prefix, merge)
         if merged:
             self.db.delete_range(prefix, _past(prefix))
             _write_sorted(self.db, _blobs(prefix, merged, self._tail))
         self._written[ns] = self._folded[ns] = len(merged)
 
-    def _scan(self, prefix: bytes, merge: Callable[[Any, Any], Any]) -> dict:
+    def _scan(self, prefix: bytes, merge: Callable[[Any, Any], Any]) -> tuple[dict, bool]:
         """The partials under ``prefix``, each key's merged in the order they were written:
-        ``{key: value}``."""
+        ``{key: value}``, and whether there was any entry (all of a namespace's keys may
+        have been dropped: their entries are still there)."""
         n, loads = len(prefix), pickle.loads
         out: dict = {}
+        seen = False
         entries: Any = self.db.items(from_key=prefix)  # (bytes keys: the stub says any)
         # read in chunks, each taken from the iterator in one call: the keys lie in order,
         # so a chunk whose last key has the prefix is the namespace's throughout, and the
@@ -735,6 +737,7 @@ class _RocksState(KeyValueState):
             if got and not got[-1][0].startswith(prefix):
                 got = got[:bisect_left(got, True, key=lambda e: not e[0].startswith(prefix))]
                 end = True
+            seen = seen or bool(got)
             for kb, v in got:
                 kind = kb[n + 8:n + 9]
                 if kind == _BLOB:
@@ -753,7 +756,7 @@ class _RocksState(KeyValueState):
                 else:  # _DROP: none of the key's partials before this one
                     out.pop(loads(kb[n + 9:]), None)
             if end:
-                return out
+                return out, seen
 
     def add_partials(self, ns, pairs, merge):
         self._merges[ns] = merge
@@ -801,8 +804,7 @@ class _RocksState(KeyValueState):
 
     def _read_partials(self, ns: Any, merge: Callable[[Any, Any], Any]) -> tuple[list, bool]:
         """Namespace ``ns``'s pairs, and whether RocksDB holds any of its partials."""
-        out = self._scan(_ns_prefix(ns), merge)
-        stored = bool(out) or self._stored(_ns_prefix(ns))  # (all dropped: still entries)
+        out, stored = self._scan(_ns_prefix(ns), merge)
         held = self._pcache.get(ns)
         if not held:
             return list(out.items()), stored

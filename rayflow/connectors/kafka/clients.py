@@ -111,11 +111,14 @@ class _ReadBack(abc.ABC):
         whatever this consumer's isolation level; under ``read_committed`` a broker answers
         the last stable offset, which stops before the first record of any transaction
         still open (Tansu 0.x answers 0 while one is open). librdkafka's default level is
-        ``read_committed``: the twin that asks says ``read_uncommitted`` in so many words."""
+        ``read_committed``: a consumer that reads so asks a twin that says
+        ``read_uncommitted`` in so many words."""
         if parts is None:
             parts = self.partitions(topic)
             if not parts:
                 raise ValueError(f"Kafka topic {topic!r} does not exist or has no partitions")
+        if not self.reads_committed():
+            return self.watermarks(topic, sorted(parts))[1]
         if self._log_ends is None:
             options = {k: v for k, v in self.options.items() if "isolation" not in k}
             self._log_ends = type(self)(self.bootstrap, None,  # type: ignore[call-arg]
