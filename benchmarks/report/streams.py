@@ -653,7 +653,12 @@ def _plot_w7(ctx: _Ctx, rows: list[dict], flink: dict) -> Path | None:
 # the RocksDB backend as a job runs it keeps recently used entries in memory: 1 k keys fit
 # its cache, 1 M do not; without the cache every batch reads and writes RocksDB
 _KEYS_BACKEND_LABEL = {"rocksdb": "rocksdb with its entry cache (1 k keys fit it, 1 M do not)",
-                       "rocksdb-nocache": "rocksdb, cache off"}
+                       "rocksdb-nocache": "rocksdb, cache off",
+                       "memory-arrow": "memory, Arrow batches (windows kept as columns)",
+                       "filesystem-arrow": "filesystem, Arrow batches (windows kept as "
+                                           "columns)",
+                       "rocksdb-arrow": "rocksdb, Arrow batches (windows kept as columns, "
+                                        "written at checkpoints)"}
 
 
 def other_checks(name: str, doc: dict, ctx: _Ctx) -> None:

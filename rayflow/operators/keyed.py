@@ -130,6 +130,12 @@ class _StatefulLogic(Logic):
                 continue
             src = backend.open(self.ctx.step_id, old, self.ctx.job_name, handle)
             for k, v in src.items():
+                part = self.owned_part(k, v)
+                if part is not _WHOLE:  # an entry of many keys: the part of this instance's
+                    if part is not None:
+                        cur = self.state.get(k)
+                        self.state.put(k, part if cur is None else self.join_parts(k, cur, part))
+                    continue
                 route = k[1] if _is_ttl(k) else self.routing_key(k)
                 if route is _GLOBAL:
                     cur = self.state.get(k)
@@ -140,6 +146,16 @@ class _StatefulLogic(Logic):
 
     def routing_key(self, state_key: Any) -> Any:
         return state_key
+
+    def owned_part(self, state_key: Any, value: Any) -> Any:
+        """For a state entry that holds the values of many keys (a window kept as columns),
+        the part of it that this instance owns after a rescale (None: no part); ``_WHOLE``
+        (the default) for an entry of one key, which :meth:`routing_key` routes whole."""
+        return _WHOLE
+
+    def join_parts(self, state_key: Any, a: Any, b: Any) -> Any:
+        """Two old instances' parts of the entry ``state_key`` (see :meth:`owned_part`)."""
+        raise NotImplementedError(f"no way to join two parts of {state_key!r}")
 
     def snapshot(self) -> Any:
         # a fresh name per snapshot: a restored job must never overwrite the files of the
@@ -154,6 +170,7 @@ class _StatefulLogic(Logic):
 
 
 _GLOBAL = object()
+_WHOLE = object()  # (see _StatefulLogic.owned_part)
 
 
 def _is_ttl(state_key: Any) -> bool:

@@ -41,6 +41,19 @@ class Aggregator(Generic[A]):
         default) means "not supported": records are then added one by one."""
         return None
 
+    def arrow_partials(self) -> list[tuple[str | None, str]] | None:
+        """Optional columnar form, for tumbling windows over Arrow batches: the columns of a
+        partial accumulator, each ``(field, how)`` where ``how`` is ``"count"`` (of rows;
+        field None), ``"sum"``, ``"min"`` or ``"max"`` of a numeric field. Partials merge
+        column by column (counts and sums add, minima and maxima take theirs). None (the
+        default): no such form."""
+        return None
+
+    def from_arrow_partials(self, columns: list[list]) -> list[A]:
+        """The accumulators of the rows of :meth:`arrow_partials`'s columns (as lists):
+        each equal to folding :meth:`add` over the records it stands for."""
+        raise NotImplementedError
+
 
 @dataclass(frozen=True)
 class Count(Aggregator[int]):
@@ -57,6 +70,12 @@ class Count(Aggregator[int]):
 
     def reduce_segments(self, items, starts):
         return np.diff(np.append(starts, len(items))).tolist()
+
+    def arrow_partials(self):
+        return [(None, "count")]
+
+    def from_arrow_partials(self, columns):
+        return columns[0]
 
 
 @dataclass(frozen=True)
@@ -78,6 +97,12 @@ class Sum(Aggregator[float]):
         if not isinstance(self.value, Field):
             return None
         return np.add.reduceat(column(items, self.value.name), starts).tolist()
+
+    def arrow_partials(self):
+        return [(self.value.name, "sum")] if isinstance(self.value, Field) else None
+
+    def from_arrow_partials(self, columns):
+        return columns[0]
 
 
 @dataclass(frozen=True)
@@ -115,6 +140,17 @@ class MinMax(Aggregator[tuple]):
             highs[f] = np.maximum.reduceat(col, starts).tolist()
         return [(n, {f: (lows[f][i], highs[f][i]) for f in self.fields})
                 for i, n in enumerate(counts)]
+
+    def arrow_partials(self):
+        if not all(isinstance(g, Field) for g in self.fields.values()):
+            return None
+        return [(None, "count")] + [(g.name, how) for g in self.fields.values()
+                                    for how in ("min", "max")]
+
+    def from_arrow_partials(self, columns):
+        names = list(self.fields)
+        return [(n, {f: (columns[1 + 2 * i][j], columns[2 + 2 * i][j])
+                     for i, f in enumerate(names)}) for j, n in enumerate(columns[0])]
 
     def result(self, acc):
         n, mm = acc

@@ -12,12 +12,20 @@ from typing import Any
 
 import numpy as np
 
-from rayflow.core.operators import Logic, OperatorSpec, Output, StepContext, describe_exception
-from rayflow.core.records import key_codes, rows, stable_order
+from rayflow.core.operators import (
+    Logic,
+    OperatorSpec,
+    Output,
+    StepContext,
+    describe_exception,
+    owns,
+)
+from rayflow.core.records import Field, is_arrow, key_codes, rows, stable_order, take
 from rayflow.operators.keyed import _GLOBAL, _is_ttl, _StatefulLogic, check_ttl
 from rayflow.operators.queues import WindowKeys, WindowQueue
 from rayflow.operators.windows.aggregators import Aggregator, Reduce
 from rayflow.operators.windows.clocks import EventTime, ProcessingTime, _times, not_finite
+from rayflow.operators.windows.columnar import ArrowWindows, is_cw, owned_rows
 from rayflow.operators.windows.windowers import (
     CountWindow,
     SessionWindow,
@@ -273,11 +281,19 @@ class _TimeLogic(_StatefulLogic):
     On a state that keeps partials (RocksDB), with an aggregator that merges, a window is
     a namespace of partials instead (see ``KeyValueState.add_partials``): a batch adds
     each key's accumulator of the batch to its window without reading the state, and a
-    firing takes the window's namespace whole. The queue then holds the windows alone."""
+    firing takes the window's namespace whole. The queue then holds the windows alone.
+
+    Tumbling windows keyed by a field, with an aggregator that has a columnar form, take
+    Arrow batches as columns (:mod:`~rayflow.operators.windows.columnar`): their windows'
+    partials are Arrow tables, written to the state as ``("__cw", window)`` at each
+    snapshot. A window may hold both (a batch whose columns do not fit takes the record
+    path): its firing merges them per key."""
 
     WM = "__watermark__"
     #: whether this logic may keep its windows as partials (sliced windows do not)
     uses_partials = True
+    #: the windows kept as Arrow columns (None: none are)
+    _arrow: ArrowWindows | None = None
 
     def routing_key(self, state_key):
         if isinstance(state_key, tuple) and len(state_key) == 3 and state_key[0] == "__w":
@@ -302,9 +318,17 @@ class _TimeLogic(_StatefulLogic):
         self._merge = agg.merge
         # with ttl_s: each key's open windows, so an expired key's windows can be deleted
         self._open: dict | None = {} if self.ttl_s is not None else None
+        parts = agg.arrow_partials() if hasattr(agg, "arrow_partials") else None
+        if (parts is not None and type(spec.windower) is TumblingWindow
+                and isinstance(spec.key_fn, Field) and self.ttl_s is None):
+            self._arrow = ArrowWindows(spec.key_fn.name, parts, self.state,
+                                       spill=not self.state.holds_keys)
         points: list = []  # window entries to keep as partials (see below)
+        columns: list = []  # windows kept as Arrow tables, which a snapshot wrote
         for k, v in self.state.items():
-            if isinstance(k, tuple) and len(k) == 3 and k[0] == "__w":
+            if is_cw(k):
+                columns.append((k, v))
+            elif isinstance(k, tuple) and len(k) == 3 and k[0] == "__w":
                 if self._partials:
                     points.append((k, v))
                     continue
@@ -326,6 +350,46 @@ class _TimeLogic(_StatefulLogic):
         for window, accs in by_window.items():  # (one write per window)
             self.state.add_partials(window, accs, self._merge)
             self._queue_window(window)
+        if self._arrow is not None:
+            for k, table in columns:
+                if self._arrow.restore(k, table):
+                    self._queue_window(k[1])
+        elif columns:  # resumed by a step that does not keep columns: the records' way
+            decode = ArrowWindows(columns[0][1].column_names[0], agg.arrow_partials(),
+                                  self.state, spill=True)
+            for k, table in columns:
+                decode.restore(k, table)
+            for window in list(decode.stored):
+                self._columns_to_records(window, decode)
+
+    def _columns_to_records(self, window: tuple, decode: ArrowWindows) -> None:
+        """A window kept as columns (by a step resumed with another key or aggregator
+        form, or with ``ttl_s``) becomes state of the record path."""
+        agg = self.spec.aggregator
+        keys, cols = decode.take(window)  # type: ignore[misc]  # (restored: there)
+        accs = agg.from_arrow_partials(cols)
+        if self._partials:
+            self.state.add_partials(window, dict(zip(keys, accs)), self._merge)
+            self._queue_window(window)
+        else:
+            for key, acc in zip(keys, accs):
+                self.state.put(("__w", key, window), acc)
+                self.fired.add(("__w", key, window) if self._skeys else key, window)
+        if self._open is not None:
+            for key in keys:
+                self._open.setdefault(key, set()).add(window)
+
+    def owned_part(self, state_key, value):
+        if is_cw(state_key):  # a window's table: the rows of this instance's keys
+            return owned_rows(value, lambda key: owns(key, self.ctx))
+        return super().owned_part(state_key, value)
+
+    def join_parts(self, state_key, a, b):
+        if is_cw(state_key):
+            import pyarrow as pa
+
+            return pa.concat_tables([a, b])
+        return super().join_parts(state_key, a, b)
 
     def _queue_window(self, window: tuple) -> None:
         """With partials: ``window`` is open (for some key); queued once, keys apart."""
@@ -339,10 +403,62 @@ class _TimeLogic(_StatefulLogic):
                 self.state.delete(("__w", key, window))
 
     def snapshot(self):
+        if self._arrow is not None:
+            self._arrow.snapshot()
         self.state.put(self.WM, self.watermark)
         return super().snapshot()
 
+    def _process_arrow(self, items: Any, event_times: Any) -> Output | None:
+        """An Arrow batch into windows kept as columns (see the class docstring); None:
+        the batch takes the record path (its fields do not fit, or Arrow could not
+        aggregate them), nothing changed."""
+        arrow, spec = self._arrow, self.spec
+        assert arrow is not None
+        if not arrow.reads(items):
+            return None
+        try:
+            times = _times(spec.clock, items, event_times)
+        except Exception:  # noqa: BLE001 - the record path says why
+            return None
+        w = spec.windower
+        finite = np.isfinite(times)
+        # as TumblingWindow.windows_of_many computes them, so both paths name a window alike
+        slots = np.floor((np.where(finite, times, 0.0) - w.align_s) / w.length_s)
+        ends = w.align_s + slots * w.length_s + w.length_s
+        live = finite & (ends > self.watermark)
+        adds = []
+        try:
+            for slot in np.unique(slots[live]).tolist():
+                start = (w.align_s + np.float64(slot) * w.length_s).item()
+                window = (start, start + w.length_s)
+                rows_of = live & (slots == slot)
+                part = arrow.partials(items if rows_of.all() else take(
+                    items, np.flatnonzero(rows_of)))
+                if not arrow.fits(window, part):
+                    return None
+                adds.append((window, part))
+        except Exception:  # noqa: BLE001 - e.g. a key type Arrow cannot group by
+            return None
+        for window, part in adds:
+            if arrow.add(window, part):
+                self._queue_window(window)
+        dead: list = []
+        if not finite.all():
+            bad = np.flatnonzero(~finite)
+            dead = [self.dead(not_finite(t), rec) for rec, t in
+                    zip(rows(take(items, bad)), times[bad].tolist())]
+        late: list = []
+        late_t: list = []
+        if not (live | ~finite).all():
+            gone = np.flatnonzero(finite & ~live)
+            late, late_t = rows(take(items, gone)), times[gone].tolist()
+        return self._batch_output(dead, late, late_t)
+
     def process(self, items, event_times):
+        if self._arrow is not None and is_arrow(items) and len(items):
+            out = self._process_arrow(items, event_times)
+            if out is not None:
+                return out
         spec, state, agg = self.spec, self.state, self.spec.aggregator
         dead, late, late_t = [], [], []
         try:
@@ -514,7 +630,8 @@ class _TimeLogic(_StatefulLogic):
         out: list = []
         if self._partials:
             for window, _ in due:
-                pairs = self.state.take_partials(window, self._merge)
+                pairs = self._with_columns(window, self.state.take_partials(window,
+                                                                            self._merge))
                 start, end = window
                 out += [new(WindowResult, (key, start, end,
                                            acc if result is None else result(acc)))
@@ -526,12 +643,38 @@ class _TimeLogic(_StatefulLogic):
             skeys = self._state_keys(window, entries)
             accs = self.state.pop_many(skeys)
             start, end = window
-            out += [new(WindowResult, (skey[1], start, end,
-                                       acc if result is None else result(acc)))
-                    for skey, acc in zip(skeys, accs) if acc is not None]
+            if self._arrow is not None and self._arrow.has(window):
+                pairs = self._with_columns(window, [(skey[1], acc) for skey, acc in
+                                                    zip(skeys, accs) if acc is not None])
+                out += [new(WindowResult, (key, start, end,
+                                           acc if result is None else result(acc)))
+                        for key, acc in pairs]
+            else:
+                out += [new(WindowResult, (skey[1], start, end,
+                                           acc if result is None else result(acc)))
+                        for skey, acc in zip(skeys, accs) if acc is not None]
             if self._open is not None:
                 self._close_open([skey[1] for skey in skeys], window)
         return Output(out, result_times(out))
+
+    def _with_columns(self, window: tuple, pairs: list) -> Any:
+        """``(key, acc)`` of ``window``, to iterate once: ``pairs`` (its state on the record
+        path) and its columns, if it has any (they leave the state), a key's two merged.
+        (The order of a window's keys is not promised; with columns it is that of Arrow's
+        grouping.)"""
+        arrow = self._arrow
+        taken = arrow.take(window) if arrow is not None else None
+        if taken is None:
+            return pairs
+        keys, cols = taken
+        accs = self.spec.aggregator.from_arrow_partials(cols)
+        if not pairs:
+            return zip(keys, accs)
+        merged, merge = dict(pairs), self._merge
+        for key, acc in zip(keys, accs):
+            cur = merged.get(key, _MISSING)
+            merged[key] = acc if cur is _MISSING else merge(cur, acc)
+        return merged.items()
 
     def _close_open(self, keys: list, window: tuple) -> None:
         """``window`` fired for ``keys``: it is no longer open for them (ttl_s)."""
