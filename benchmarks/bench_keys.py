@@ -91,12 +91,12 @@ def layout(keys: int, min_records: int, series: str) -> tuple[int, int]:
     return max(MIN_PER_KEY_PER_WINDOW, -(-min_records // (keys * WINDOWS))), WINDOWS
 
 
-def _batches(keys: int, per_key: int, windows: int):
+def _batches(keys: int, per_key: int, windows: int, arrow: bool = False):
     """``(records, event times, watermark)``: window w holds every key ``per_key`` times,
     keys in turn in an order of their own (a fixed random permutation: keys come from an
     input in no order, not sorted by name, so a window's firing order costs what it
     costs there), at times spread evenly over the window; the watermark trails the batch
-    by 1 ms."""
+    by 1 ms. ``arrow``: each batch's records as an Arrow table, columns ``key`` and ``t``."""
     import numpy as np
 
     per_window = keys * per_key
@@ -107,8 +107,13 @@ def _batches(keys: int, per_key: int, windows: int):
                    for lo in range(w * per_window, (w + 1) * per_window, BATCH)):
         i = np.arange(lo, hi)
         t = i * dt
-        recs = [(f"k{k}", x) for k, x in zip(order[i % keys].tolist(), t.tolist())]
-        yield recs, t, float(t[-1]) - 0.001
+        names = [f"k{k}" for k in order[i % keys].tolist()]
+        if arrow:  # (made here, so no list of records is made and freed before the figures)
+            import pyarrow as pa
+
+            yield pa.table({"key": names, "t": t}), t, float(t[-1]) - 0.001
+        else:
+            yield list(zip(names, t.tolist())), t, float(t[-1]) - 0.001
 
 
 def _uss() -> int:
@@ -131,8 +136,6 @@ def run_rayflow(backend: str, keys: int, per_key: int, windows: int) -> dict:
     """One configuration in this process: the window logic on ``backend``."""
     from operator import itemgetter
 
-    import pyarrow as pa
-
     from rayflow.core.operators import StepContext
     from rayflow.core.records import Field
     from rayflow.operators.windows import Count, EventTime, TumblingWindow, Windowed
@@ -143,10 +146,8 @@ def run_rayflow(backend: str, keys: int, per_key: int, windows: int) -> dict:
     backend = backend.removesuffix("-arrow")
     spec = Windowed(TumblingWindow(WINDOW_S), Count(), Field("key") if arrow else itemgetter(0),
                     EventTime())
-    batches = list(_batches(keys, per_key, windows))  # made before timing and the memory baseline
-    if arrow:
-        batches = [(pa.table({"key": [k for k, _ in recs], "t": times}), times, wm)
-                   for recs, times, wm in batches]
+    # made before timing and the memory baseline
+    batches = list(_batches(keys, per_key, windows, arrow))
     warm = spec.build(StepContext("warm", 0, 1))  # first-call imports are not the figure
     warm.process(batches[0][0][:10], batches[0][1][:10])
     if arrow:  # (and the columnar path's first calls)

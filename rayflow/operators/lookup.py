@@ -150,7 +150,9 @@ class _LookupLogic(_StatefulLogic):
                 dead.append(self.dead(not_finite(float(times[i])), rec))
                 continue
             try:
-                keys.append(key_fn(rec))
+                key = key_fn(rec)
+                hash(key)  # (a key that cannot be one, a list..., is the record's error)
+                keys.append(key)
             except Exception as exc:  # noqa: BLE001 - user key function
                 dead.append(self.dead(describe_exception(exc), rec))
                 continue
@@ -403,7 +405,9 @@ class _EnrichLogic(Logic):
         keyed = []
         for i, rec in enumerate(rows(items)):
             try:
-                keyed.append((i, key_fn(rec), rec))
+                key = key_fn(rec)
+                hash(key)  # (a key that cannot be one, a list..., is the record's error)
+                keyed.append((i, key, rec))
             except Exception as exc:  # noqa: BLE001 - user key function
                 dead.append(self.dead(describe_exception(exc), rec))
         missing = list(dict.fromkeys(k for _, k, _ in keyed if k not in cache))

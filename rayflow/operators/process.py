@@ -391,6 +391,8 @@ class _ProcessLogic(_StatefulLogic):
         for rec, t in zip(recs, t_list):
             try:
                 key = key_fn(rec)
+                if touched is not None:  # (raises for a key that cannot be one: a list...)
+                    touched[key] = None
                 ctx.key = state._key = timers._key = key
                 ctx.timestamp = t
                 got = element(rec, ctx)
@@ -399,8 +401,6 @@ class _ProcessLogic(_StatefulLogic):
             except Exception as exc:  # noqa: BLE001 - user code
                 dead.append(self.dead(describe_exception(exc), rec))
                 continue
-            if touched is not None:
-                touched[key] = None
             if got:
                 out += got
                 out_t += [t] * len(got)

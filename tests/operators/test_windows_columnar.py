@@ -295,3 +295,17 @@ def test_windows_written_at_every_checkpoint_fire_whole_and_leave_nothing(tmp_pa
     again = spec.build(StepContext("w", 0, 1, "t", backend), handle)
     more, _ = _run(again, feed[n + 1:])
     assert _norm(got[:emitted] + more) == want
+
+
+def test_a_key_column_arrow_cannot_group_by_takes_the_record_path():
+    """Keys that are lists: the record path's outcome (here dead letters: a list is no
+    key), not an error from Arrow at the window's firing."""
+    spec = _spec(Count())
+    recs = [{"k": [1, 2], "v": 1, "t": 1.0}, {"k": [3], "v": 2, "t": 2.0}]
+    outs = []
+    for batch in (pa.Table.from_pylist(recs), recs):
+        logic = spec.build(StepContext("w", 0, 1))
+        out = logic.process(batch, np.array([1.0, 2.0]))
+        outs.append(([d.record for d in out.dead], logic.on_end().items))
+    assert outs[0] == outs[1]
+    assert outs[0][0] == recs

@@ -39,6 +39,18 @@ _GROUP = {"count": "sum", "sum": "sum", "min": "min", "max": "max"}
 
 
 
+def _groups_by(typ: Any) -> bool:
+    """Whether a key column of type ``typ`` can be grouped by (dictionary-encoded)."""
+    import pyarrow as pa
+
+    if pa.types.is_dictionary(typ):
+        typ = typ.value_type
+    return (pa.types.is_integer(typ) or pa.types.is_floating(typ) or pa.types.is_string(typ)
+            or pa.types.is_large_string(typ) or pa.types.is_binary(typ)
+            or pa.types.is_large_binary(typ) or pa.types.is_boolean(typ)
+            or pa.types.is_temporal(typ))
+
+
 def is_cw(state_key: Any) -> bool:
     return isinstance(state_key, tuple) and len(state_key) == 3 and state_key[0] == CW
 
@@ -72,13 +84,14 @@ class ArrowWindows:
         return window in self._schema
 
     def reads(self, items: Any) -> bool:
-        """Whether ``items`` (an Arrow batch) can go in as columns: it has the key and the
-        aggregated fields, and those are numbers without nulls (where a record would be a
-        dead letter on the record path, the batch takes that path)."""
+        """Whether ``items`` (an Arrow batch) can go in as columns: it has the key, of a
+        type Arrow groups by (not a list or a struct), and the aggregated fields, numbers
+        without nulls (where a record would be a dead letter on the record path, the batch
+        takes that path)."""
         import pyarrow as pa
 
         names = items.schema.names
-        if self.key not in names:
+        if self.key not in names or not _groups_by(items.schema.field(self.key).type):
             return False
         for f in self.fields:
             if f not in names:

@@ -72,12 +72,30 @@ def _wanted(keys: list, windows_of: list, wm: float) -> list:
     if first is not None and windows_of.count(first) == len(windows_of):
         # (list.count compares by identity first: a shared list costs a pointer test)
         open_ = [window for window in first if window[1] > wm]
-        return [("__w", key, window) for key in dict.fromkeys(keys)
+        try:
+            distinct = dict.fromkeys(keys)
+        except TypeError:  # a key that cannot be one (a list...): left to the record loop
+            distinct = dict.fromkeys(k for k in keys if _hashable(k))
+        return [("__w", key, window) for key in distinct
                 if key.__class__ is not _KeyFailed for window in open_]
-    return list(dict.fromkeys(
-        ("__w", key, window) for key, windows in zip(keys, windows_of)
-        if windows is not None and key.__class__ is not _KeyFailed
-        for window in windows if window[1] > wm))
+    try:
+        return list(dict.fromkeys(
+            ("__w", key, window) for key, windows in zip(keys, windows_of)
+            if windows is not None and key.__class__ is not _KeyFailed
+            for window in windows if window[1] > wm))
+    except TypeError:  # a key that cannot be one (a list...): left to the record loop
+        return list(dict.fromkeys(
+            ("__w", key, window) for key, windows in zip(keys, windows_of)
+            if windows is not None and key.__class__ is not _KeyFailed and _hashable(key)
+            for window in windows if window[1] > wm))
+
+
+def _hashable(key: Any) -> bool:
+    try:
+        hash(key)
+    except TypeError:
+        return False
+    return True
 
 
 def _one_open_window(windows_of: list, wm: float) -> tuple | None:
@@ -285,8 +303,8 @@ class _TimeLogic(_StatefulLogic):
 
     Tumbling windows keyed by a field, with an aggregator that has a columnar form, take
     Arrow batches as columns (:mod:`~rayflow.operators.windows.columnar`): their windows'
-    partials are Arrow tables, written to the state as ``("__cw", window)`` at each
-    snapshot. A window may hold both (a batch whose columns do not fit takes the record
+    partials are Arrow tables, written to the state as ``("__cw", window, part)`` at
+    snapshots. A window may hold both (a batch whose columns do not fit takes the record
     path): its firing merges them per key."""
 
     WM = "__watermark__"
@@ -373,8 +391,11 @@ class _TimeLogic(_StatefulLogic):
             self._queue_window(window)
         else:
             for key, acc in zip(keys, accs):
-                self.state.put(("__w", key, window), acc)
-                self.fired.add(("__w", key, window) if self._skeys else key, window)
+                skey = ("__w", key, window)
+                cur = self.state.get(skey)  # (the window's records on the record path)
+                if cur is None:
+                    self.fired.add(skey if self._skeys else key, window)
+                self.state.put(skey, acc if cur is None else self._merge(cur, acc))
         if self._open is not None:
             for key in keys:
                 self._open.setdefault(key, set()).add(window)
@@ -428,7 +449,10 @@ class _TimeLogic(_StatefulLogic):
         live = finite & (ends > self.watermark)
         adds = []
         try:
-            for slot in np.unique(slots[live]).tolist():
+            slots_live = slots[live]
+            # (the usual batch falls in one window: no sort to find it)
+            one = len(slots_live) and slots_live.min() == slots_live.max()
+            for slot in (slots_live[:1] if one else np.unique(slots_live)).tolist():
                 start = (w.align_s + np.float64(slot) * w.length_s).item()
                 window = (start, start + w.length_s)
                 rows_of = live & (slots == slot)
@@ -508,7 +532,12 @@ class _TimeLogic(_StatefulLogic):
                 if window[1] <= wm:
                     continue  # that window has closed
                 skey = ("__w", key, window)
-                acc = get(skey, unread)
+                try:
+                    acc = get(skey, unread)
+                except TypeError as exc:  # a key that cannot be one (a list...)
+                    dead.append(self.dead(describe_exception(exc), rec))
+                    placed = True
+                    break
                 if acc is _MISSING:
                     acc = read(skey)
                 if acc is None:  # (a read of the batch found none either)
@@ -554,8 +583,8 @@ class _TimeLogic(_StatefulLogic):
             if key.__class__ is _KeyFailed:
                 dead.append(self.dead(key.reason, rec))
                 continue
-            acc = get(key, _MISSING)
             try:
+                acc = get(key, _MISSING)  # (raises for a key that cannot be one: a list...)
                 accs[key] = add(create() if acc is _MISSING else acc, rec)
             except Exception as exc:  # noqa: BLE001 - user aggregator
                 dead.append(self.dead(describe_exception(exc), rec))
