@@ -309,3 +309,23 @@ def test_a_key_column_arrow_cannot_group_by_takes_the_record_path():
         outs.append(([d.record for d in out.dead], logic.on_end().items))
     assert outs[0] == outs[1]
     assert outs[0][0] == recs
+
+
+def test_aligned_windows_and_nan_values_name_and_count_as_on_the_record_path():
+    """Windows aligned off the epoch get the record path's bounds; a batch with a NaN in
+    the field takes the record path, whose comparisons say what its minimum is."""
+    spec = Windowed(TumblingWindow(3.0, align_s=0.7), MinMax({"v": Field("v")}),
+                    key_fn=Field("k"), clock=EventTime())
+    recs = _records(n=1200, keys=7, span=30.0, seed=29)
+    recs = [{**r, "v": float(r["v"])} for r in recs]
+    recs[5]["v"] = math.nan
+    feed = _feed(recs)
+    got = {}
+    for arrow in (True, False):
+        res, _ = _run(spec.build(StepContext("w", 0, 1)), feed, arrow=arrow)
+        got[arrow] = sorted((r.key, r.start, r.end, r.value["count"], r.value["min_v"],
+                             r.value["max_v"]) for r in res if r.key != recs[5]["k"]
+                            or r.start > recs[5]["t"] or r.end <= recs[5]["t"])
+        assert len(res) == len({(r.key, r.start) for r in res})
+    assert got[True] == got[False]
+    assert {s for _, s, *_ in got[True]} == {0.7 + 3.0 * i for i in range(-1, 10)}

@@ -18,9 +18,9 @@ holds at most a few rows per key (and ``COMPACT_ROWS``), and merging costs a few
 over its rows in all. At a checkpoint the windows that changed are written to the step's
 state backend, a table of a row per key each (see :class:`ArrowWindows`: on RocksDB what
 came since the last checkpoint, which then leaves memory); a restore reads them back, and
-a rescale splits them by the keys each new instance owns. Integer sums are exact (int64);
-float sums add in another order than record by record, so they may differ in the last
-bits.
+a rescale splits them by the keys each new instance owns. Integer sums are exact while
+they fit in 64 bits; float sums add in another order than record by record, so they may
+differ in the last bits.
 """
 
 from __future__ import annotations
@@ -87,8 +87,10 @@ class ArrowWindows:
         """Whether ``items`` (an Arrow batch) can go in as columns: it has the key, of a
         type Arrow groups by (not a list or a struct), and the aggregated fields, numbers
         without nulls (where a record would be a dead letter on the record path, the batch
-        takes that path)."""
+        takes that path; so does a batch with a NaN in a field, whose minimum and maximum
+        Python's comparisons define)."""
         import pyarrow as pa
+        import pyarrow.compute as pc
 
         names = items.schema.names
         if self.key not in names or not _groups_by(items.schema.field(self.key).type):
@@ -100,6 +102,8 @@ class ArrowWindows:
             if not (pa.types.is_integer(typ) or pa.types.is_floating(typ)) \
                     or items.column(f).null_count:
                 return False
+            if pa.types.is_floating(typ) and pc.any(pc.is_nan(items.column(f))).as_py():
+                return False  # (a NaN's minimum or maximum is Python's to say)
         return True
 
     def partials(self, items: Any) -> Any:
