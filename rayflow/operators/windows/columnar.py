@@ -133,8 +133,13 @@ class ArrowWindows:
 
         table = pa.concat_tables(tables) if len(tables) > 1 else tables[0]
         if len(table) >= GROUP_ROWS:
-            return table.group_by(self.key, use_threads=False).aggregate(
+            out = table.group_by(self.key, use_threads=False).aggregate(
                 self._group).rename_columns(self._names)
+            # the grouping's hash table goes back to the system now: Arrow's allocator kept
+            # it otherwise (at 10^6 keys the process grew 148 bytes per key's window with
+            # it kept, 67 without, and ran faster: 2.8-3.0 M records/s against 2.5 M)
+            pa.default_memory_pool().release_unused()
+            return out
         keys = table.column(0).combine_chunks()
         if pa.types.is_dictionary(keys.type):
             keys = keys.dictionary_decode()
