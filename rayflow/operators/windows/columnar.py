@@ -38,7 +38,6 @@ GROUP_ROWS = 1 << 16
 _GROUP = {"count": "sum", "sum": "sum", "min": "min", "max": "max"}
 
 
-
 def _groups_by(typ: Any) -> bool:
     """Whether a key column of type ``typ`` can be grouped by (dictionary-encoded)."""
     import pyarrow as pa
