@@ -352,3 +352,32 @@ def test_processing_time_windows_over_arrow_batches_close_on_tick(tmp_path, kind
     assert dict(got) == {"a": 11, "b": 2}
     assert len(fired) == len({(r.key, r.start) for r in fired})
     assert logic.on_tick(time.time() + 200.0) is None
+
+
+@pytest.mark.parametrize("group_rows", [1, 1 << 16])
+@pytest.mark.parametrize("key_type", ["int", "string", "dictionary", "bool", "timestamp"])
+def test_keys_of_every_groupable_type_merge_as_they_grow(monkeypatch, group_rows, key_type):
+    """A window's tables merge many times (small thresholds), whichever way, whatever the
+    key column's type: the sums are plain Python's, keys as the record path reads them."""
+    import datetime
+
+    monkeypatch.setattr(columnar, "COMPACT_ROWS", 8)
+    monkeypatch.setattr(columnar, "GROUP_ROWS", group_rows)
+    values = {"int": [3, 1, 4, 5, 9], "string": ["a", "b", "c", "d", "e"],
+              "dictionary": ["a", "b", "c", "d", "e"], "bool": [True, False],
+              "timestamp": [datetime.datetime(2026, 1, 1, h) for h in range(4)]}[key_type]
+    logic = _spec(Sum(Field("v"))).build(StepContext("w", 0, 1))
+    want: dict = defaultdict(int)
+    for b in range(30):
+        ks = [values[(b * 7 + i) % len(values)] for i in range(6)]
+        table = pa.table({"k": ks, "v": list(range(b, b + 6))})
+        if key_type == "dictionary":
+            table = table.cast(pa.schema([("k", pa.dictionary(pa.int32(), pa.string())),
+                                          ("v", pa.int64())]))
+        logic.process(table, np.full(6, 1.0))
+        for k, v in zip(ks, range(b, b + 6)):
+            want[k] += v
+    # every batch went in as columns: the window has none of the record path's state
+    assert logic._arrow.has((0.0, SIZE))
+    assert logic.state.read_partials((0.0, SIZE), logic._merge) == []
+    assert {r.key: r.value for r in logic.on_end().items} == dict(want)

@@ -116,7 +116,10 @@ class ArrowWindows:
         for f in self.fields:
             col = items.column(f)
             values[f] = col.cast(pa.int64() if pa.types.is_integer(col.type) else pa.float64())
-        cols = [items.column(self.key)] + [
+        key = items.column(self.key)
+        if pa.types.is_dictionary(key.type):  # (merges give plain keys: tables must agree)
+            key = key.cast(key.type.value_type)
+        cols = [key] + [
             pa.array(np.ones(n, dtype=np.int64)) if f is None else values[f]
             for f, _ in self.parts]
         return pa.table(cols, names=self._names)
