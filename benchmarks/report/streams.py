@@ -468,8 +468,8 @@ def _checkpoints(rows: list[dict]) -> str:
     if not got:
         return "an unrecorded number of checkpoints"
     lo, hi = min(got), max(got)
-    return f"{lo} checkpoint" + ("" if hi == lo == 1 else "s") if lo == hi \
-        else f"{lo}-{hi} checkpoints"
+    span = f"{lo}" if lo == hi else f"{lo}-{hi}"
+    return f"{span} checkpoint{'' if span == '1' else 's'}"
 
 
 def _w7(doc: dict, ctx: _Ctx) -> list[str]:

@@ -171,46 +171,50 @@ class ArrowWindows:
         schema = self._schema.get(window)
         return schema is None or schema.equals(table.schema)
 
+    def _known(self, window: tuple, table: Any) -> bool:
+        """Note ``window`` (its tables' schema is ``table``'s); whether it is new."""
+        new = window not in self._schema
+        if new:
+            self._schema[window] = table.schema
+        return new
+
+    def _append(self, window: tuple, table: Any) -> None:
+        tables = self.open.setdefault(window, [])
+        if not tables:
+            self._rows[window], self._next[window] = 0, COMPACT_ROWS
+        tables.append(table)
+        self._rows[window] += len(table)
+
     def add(self, window: tuple, table: Any) -> bool:
         """Add a table of partials to ``window``; whether the window is new. Once its tables
         in memory hold ``COMPACT_ROWS`` rows and four times as many as after their last
         merge (eight where that merge left most rows: keys seen once or twice), they are
         merged into one, so they hold at most a few rows per key."""
-        new = window not in self._schema
-        if new:
-            self._schema[window] = table.schema
-        tables = self.open.setdefault(window, [])
-        if not tables:
-            self._rows[window], self._next[window] = 0, COMPACT_ROWS
-        tables.append(table)
+        new = self._known(window, table)
+        self._append(window, table)
         self._dirty.add(window)
-        rows = self._rows[window] = self._rows[window] + len(table)
-        if rows >= self._next[window]:
+        if self._rows[window] >= self._next[window]:
             self._compact(window)
         return new
 
-    def _compact(self, window: tuple) -> None:
+    def _compact(self, window: tuple) -> Any:
+        """Merge ``window``'s tables in memory into one, and return it."""
         rows = self._rows[window]
         one = self.merged(self.open[window])
         self.open[window] = [one]
         self._rows[window] = len(one)
         # a merge that left most rows (keys seen once or twice) waits longer for the next
         self._next[window] = max(COMPACT_ROWS, (8 if 4 * len(one) > 3 * rows else 4) * len(one))
+        return one
 
     def restore(self, state_key: tuple, table: Any) -> bool:
         """A window's entry ``(CW, window, part)`` of a restored state; whether the window
         is new."""
-        window, part = state_key[1], state_key[2]
-        new = window not in self._schema
-        if new:
-            self._schema[window] = table.schema
-        self.stored.setdefault(window, []).append(part)
+        window = state_key[1]
+        new = self._known(window, table)
+        self.stored.setdefault(window, []).append(state_key[2])
         if not self.spill:  # (the entry is rewritten at the next checkpoint it changed by)
-            tables = self.open.setdefault(window, [])
-            if not tables:
-                self._rows[window], self._next[window] = 0, COMPACT_ROWS
-            tables.append(table)
-            self._rows[window] += len(table)
+            self._append(window, table)
         return new
 
     def take(self, window: tuple) -> tuple[list, list[list]] | None:
@@ -243,21 +247,17 @@ class ArrowWindows:
             if not tables:
                 continue
             parts = self.stored.setdefault(window, [])
-            one = self.merged(tables)
             if self.spill:  # what came since the last checkpoint, as an entry of its own
                 part = max(parts, default=-1) + 1
-                state.put((CW, window, part), one)
+                state.put((CW, window, part), self.merged(tables))
                 parts.append(part)
                 self.open[window] = []
             else:  # the window whole, as one entry
-                state.put((CW, window, 0), one)
+                state.put((CW, window, 0), self._compact(window))
                 for part in parts:
                     if part:
                         state.delete((CW, window, part))
                 self.stored[window] = [0]
-                self.open[window] = [one]
-                self._rows[window] = len(one)
-                self._next[window] = max(COMPACT_ROWS, 4 * len(one))
         self._dirty.clear()
 
 

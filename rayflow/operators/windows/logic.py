@@ -48,6 +48,9 @@ class _KeyFailed:
         self.reason = reason
 
 
+_NO_KEY = _KeyFailed("not a key")  # (stands in for an unhashable key where keys are read)
+
+
 def _keys(key_fn: Callable, recs: list) -> list:
     """``key_fn`` of every record, in one pass; where it raises, a :class:`_KeyFailed` with
     the reason in that record's place."""
@@ -67,27 +70,25 @@ def _keys(key_fn: Callable, recs: list) -> list:
 def _wanted(keys: list, windows_of: list, wm: float) -> list:
     """The state keys ``("__w", key, window)`` of a batch's open windows, each once. The
     usual batch falls in one window (one list of windows, which its records share): its
-    distinct keys are found first, and a state key is built per key, not per record."""
+    distinct keys are found first, and a state key is built per key, not per record. A key
+    that cannot be one (a list...) is left out: the record loop makes it a dead letter."""
+    try:
+        return _open_state_keys(keys, windows_of, wm)
+    except TypeError:
+        return _open_state_keys([k if _hashable(k) else _NO_KEY for k in keys], windows_of, wm)
+
+
+def _open_state_keys(keys: list, windows_of: list, wm: float) -> list:
     first = windows_of[0] if windows_of else None
     if first is not None and windows_of.count(first) == len(windows_of):
         # (list.count compares by identity first: a shared list costs a pointer test)
         open_ = [window for window in first if window[1] > wm]
-        try:
-            distinct = dict.fromkeys(keys)
-        except TypeError:  # a key that cannot be one (a list...): left to the record loop
-            distinct = dict.fromkeys(k for k in keys if _hashable(k))
-        return [("__w", key, window) for key in distinct
+        return [("__w", key, window) for key in dict.fromkeys(keys)
                 if key.__class__ is not _KeyFailed for window in open_]
-    try:
-        return list(dict.fromkeys(
-            ("__w", key, window) for key, windows in zip(keys, windows_of)
-            if windows is not None and key.__class__ is not _KeyFailed
-            for window in windows if window[1] > wm))
-    except TypeError:  # a key that cannot be one (a list...): left to the record loop
-        return list(dict.fromkeys(
-            ("__w", key, window) for key, windows in zip(keys, windows_of)
-            if windows is not None and key.__class__ is not _KeyFailed and _hashable(key)
-            for window in windows if window[1] > wm))
+    return list(dict.fromkeys(
+        ("__w", key, window) for key, windows in zip(keys, windows_of)
+        if windows is not None and key.__class__ is not _KeyFailed
+        for window in windows if window[1] > wm))
 
 
 def _hashable(key: Any) -> bool:
@@ -301,8 +302,8 @@ class _TimeLogic(_StatefulLogic):
     each key's accumulator of the batch to its window without reading the state, and a
     firing takes the window's namespace whole. The queue then holds the windows alone.
 
-    Tumbling windows keyed by a field, with an aggregator that has a columnar form, take
-    Arrow batches as columns (:mod:`~rayflow.operators.windows.columnar`): their windows'
+    Tumbling windows kept as partials, keyed by a field, with an aggregator that has a
+    columnar form, take Arrow batches as columns (:mod:`~rayflow.operators.windows.columnar`): their windows'
     partials are Arrow tables, written to the state as ``("__cw", window, part)`` at
     snapshots. A window may hold both (a batch whose columns do not fit takes the record
     path): its firing merges them per key."""
@@ -337,7 +338,7 @@ class _TimeLogic(_StatefulLogic):
         # with ttl_s: each key's open windows, so an expired key's windows can be deleted
         self._open: dict | None = {} if self.ttl_s is not None else None
         parts = agg.arrow_partials() if hasattr(agg, "arrow_partials") else None
-        if (parts is not None and type(spec.windower) is TumblingWindow
+        if (parts is not None and self._partials and type(spec.windower) is TumblingWindow
                 and isinstance(spec.key_fn, Field) and self.ttl_s is None):
             self._arrow = ArrowWindows(spec.key_fn.name, parts, self.state,
                                        spill=not self.state.holds_keys)
@@ -386,16 +387,9 @@ class _TimeLogic(_StatefulLogic):
         agg = self.spec.aggregator
         keys, cols = decode.take(window)  # type: ignore[misc]  # (restored: there)
         accs = agg.from_arrow_partials(cols)
-        if self._partials:
-            self.state.add_partials(window, dict(zip(keys, accs)), self._merge)
-            self._queue_window(window)
-        else:
-            for key, acc in zip(keys, accs):
-                skey = ("__w", key, window)
-                cur = self.state.get(skey)  # (the window's records on the record path)
-                if cur is None:
-                    self.fired.add(skey if self._skeys else key, window)
-                self.state.put(skey, acc if cur is None else self._merge(cur, acc))
+        # (columns were written by a step whose windows were partials: so are these)
+        self.state.add_partials(window, dict(zip(keys, accs)), self._merge)
+        self._queue_window(window)
         if self._open is not None:
             for key in keys:
                 self._open.setdefault(key, set()).add(window)
@@ -672,16 +666,9 @@ class _TimeLogic(_StatefulLogic):
             skeys = self._state_keys(window, entries)
             accs = self.state.pop_many(skeys)
             start, end = window
-            if self._arrow is not None and self._arrow.has(window):
-                pairs = self._with_columns(window, [(skey[1], acc) for skey, acc in
-                                                    zip(skeys, accs) if acc is not None])
-                out += [new(WindowResult, (key, start, end,
-                                           acc if result is None else result(acc)))
-                        for key, acc in pairs]
-            else:
-                out += [new(WindowResult, (skey[1], start, end,
-                                           acc if result is None else result(acc)))
-                        for skey, acc in zip(skeys, accs) if acc is not None]
+            out += [new(WindowResult, (skey[1], start, end,
+                                       acc if result is None else result(acc)))
+                    for skey, acc in zip(skeys, accs) if acc is not None]
             if self._open is not None:
                 self._close_open([skey[1] for skey in skeys], window)
         return Output(out, result_times(out))
